@@ -1,0 +1,42 @@
+// What the core needs from a backend: device memory and transfers. Backends live in src/backend/ and
+// implement this; ops reach their kernels through Primitive::eval_cpu / eval_vulkan, not through here.
+#pragma once
+#include <cstddef>
+#include <memory>
+
+#include "core/device.h"
+
+namespace lmtune {
+
+// A block of device memory holding one tensor's elements (possibly shared by views).
+class Buffer {
+ public:
+  virtual ~Buffer() = default;
+  virtual size_t bytes() const = 0;
+  virtual Device device() const = 0;
+  // Host pointer for CPU buffers; nullptr for device buffers.
+  virtual void* host_data() { return nullptr; }
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual Device device() const = 0;
+  // Throws OutOfMemoryError naming the requested size and what is available.
+  virtual std::shared_ptr<Buffer> allocate(size_t bytes) = 0;
+  // Host -> device copy. May be queued; ordering with kernels is preserved.
+  virtual void write(Buffer& dst, size_t offset, const void* src, size_t bytes) = 0;
+  // Device -> host copy; waits for all work that writes the buffer.
+  virtual void read(Buffer& src, size_t offset, void* dst, size_t bytes) = 0;
+  // Waits until all queued work has finished.
+  virtual void synchronize() = 0;
+  // Bytes held by live tensors now, and the most held since the last reset_peak().
+  virtual size_t bytes_in_use() const = 0;
+  virtual size_t peak_bytes() const = 0;
+  virtual void reset_peak() = 0;
+};
+
+// The backend for a device (created on first use). Defined in src/backend/registry.cpp.
+Backend& backend(Device d);
+
+}  // namespace lmtune

@@ -1,0 +1,96 @@
+// The op library: every differentiable operation on tensors. Each family lives in core/ops/<family>.cpp
+// (shape checks, primitive, vjp, jvp), with kernels in backend/cpu/<family>.cpp and
+// backend/vulkan/<family>.cpp + kernels/<op>.comp. Inputs must share one device; float ops compute in f32
+// (f16/bf16 inputs are widened) and write their inputs' dtype unless stated otherwise.
+// Axes may be negative. Shape/dtype errors throw ShapeError naming the op and the shapes.
+#pragma once
+#include <optional>
+#include <vector>
+
+#include "core/tensor.h"
+
+namespace lmtune::ops {
+
+// ---- views and layout (core/ops/view.cpp): no copies where the layout allows ----
+Tensor reshape(const Tensor& x, const Shape& shape);            // one dim may be -1; copies if not viewable
+Tensor transpose(const Tensor& x, int axis0 = -2, int axis1 = -1);
+Tensor permute(const Tensor& x, const std::vector<int>& axes);
+Tensor slice(const Tensor& x, int axis, int64_t start, int64_t end, int64_t step = 1);
+Tensor expand(const Tensor& x, const Shape& shape);              // broadcast view (stride 0)
+Tensor contiguous(const Tensor& x);                              // strided copy when not contiguous
+Tensor cast(const Tensor& x, DType dtype);
+Tensor concat(const std::vector<Tensor>& xs, int axis);
+// Sum of x over the axes broadcast to reach its shape from `shape` (the vjp of broadcasting).
+Tensor sum_to_shape(const Tensor& x, const Shape& shape);
+
+// ---- elementwise (core/ops/elementwise.cpp): binary ops broadcast numpy-style ----
+Tensor add(const Tensor& a, const Tensor& b);
+Tensor sub(const Tensor& a, const Tensor& b);
+Tensor mul(const Tensor& a, const Tensor& b);
+Tensor div(const Tensor& a, const Tensor& b);
+Tensor maximum(const Tensor& a, const Tensor& b);
+Tensor scale(const Tensor& x, float s);                          // s * x
+Tensor add_scalar(const Tensor& x, float s);                     // x + s
+Tensor neg(const Tensor& x);
+Tensor exp(const Tensor& x);
+Tensor log(const Tensor& x);
+Tensor sqrt(const Tensor& x);
+Tensor rsqrt(const Tensor& x);
+Tensor square(const Tensor& x);
+Tensor tanh(const Tensor& x);
+Tensor sigmoid(const Tensor& x);
+Tensor silu(const Tensor& x);
+Tensor gelu_tanh(const Tensor& x);                               // 0.5 x (1 + tanh(√(2/π)(x + 0.044715 x³)))
+Tensor gelu_erf(const Tensor& x);                                // 0.5 x (1 + erf(x/√2))
+// where(cond, a, b): cond is i32 (nonzero = take a) or float (nonzero = take a); all three broadcast.
+Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b);
+Tensor masked_fill(const Tensor& x, const Tensor& mask, float value);  // value where mask != 0
+
+// ---- reductions (core/ops/reduce.cpp) ----
+Tensor sum(const Tensor& x, const std::vector<int>& axes, bool keepdims = false);
+Tensor sum_all(const Tensor& x);                                 // scalar (shape [])
+Tensor mean(const Tensor& x, const std::vector<int>& axes, bool keepdims = false);
+Tensor max(const Tensor& x, int axis, bool keepdims = false);
+Tensor logsumexp(const Tensor& x, int axis, bool keepdims = false);
+Tensor argmax(const Tensor& x, int axis);                        // i32, not differentiable
+// Largest k along the last axis, sorted descending: values (x's dtype) and indices (i32).
+std::pair<Tensor, Tensor> topk(const Tensor& x, int k);
+
+// ---- softmax and losses (core/ops/softmax.cpp) ----
+Tensor softmax(const Tensor& x, int axis = -1);                  // stable; -inf entries get probability 0
+Tensor log_softmax(const Tensor& x, int axis = -1);
+// Per-row cross-entropy of logits [N, V] against i32 targets [N]; rows whose target == ignore_index give 0.
+// Returns f32 [N]. Callers divide the sum by the count of non-ignored rows.
+Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int ignore_index = -100);
+
+// ---- matmul (core/ops/matmul.cpp) ----
+// [..., M, K] x [..., K, N] -> [..., M, N] with broadcast batch dims. Operands may be transposed views
+// (either of the last two strides equal to 1); f16/bf16/f32 inputs, f32 accumulation, output dtype of a.
+Tensor matmul(const Tensor& a, const Tensor& b);
+// x [..., K] times weight [N, K] transposed (+ bias [N]): the layout of HF linear layers.
+Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor());
+
+// ---- normalization, rotary embedding, embedding (core/ops/nn.cpp) ----
+Tensor rms_norm(const Tensor& x, const Tensor& weight, float eps);                     // over the last axis
+Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, float eps);
+enum class RopeLayout { half_split, interleaved };
+// x [B, T, H, D]; positions i32 [B, T] (per-token, so packing can reset them); inv_freq f32 [R/2] rotates the
+// first R dims of each head (R = 2 * inv_freq size <= D); the rest pass through.
+Tensor rope(const Tensor& x, const Tensor& positions, const Tensor& inv_freq, RopeLayout layout);
+// weight [V, C], ids i32 [...] -> [..., C]. The vjp scatter-adds into a [V, C] gradient.
+Tensor embedding(const Tensor& weight, const Tensor& ids);
+Tensor embedding_backward(const Tensor& grad, const Tensor& ids, int64_t vocab);       // scatter-add
+
+// ---- attention (core/ops/attention.cpp), composed from the ops above ----
+struct AttentionOptions {
+  float scale = 0;               // 0 -> 1/sqrt(D)
+  bool causal = true;
+  int64_t window = 0;            // > 0: sliding window, key j visible from query i iff i - j < window
+  float softcap = 0;             // > 0: scores = softcap * tanh(scores / softcap)
+  Tensor doc_ids;                // optional i32 [B, T]: packed documents; no attention across documents
+  int64_t q_offset = 0;          // position of the first query among the keys (KV cache decoding)
+};
+// q [B, T, H, D], k and v [B, S, KV, D] with H a multiple of KV (grouped-query attention) -> [B, T, H, D].
+Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& opt);
+
+}  // namespace lmtune::ops

@@ -1,0 +1,52 @@
+// A primitive is one differentiable operation: its kernels on each backend (eval_cpu in src/backend/cpu,
+// eval_vulkan in src/backend/vulkan) and its vjp/jvp, written with other ops so they run on every backend.
+// Op functions (core/ops.h) check shapes, allocate outputs and call apply(); see docs/architecture.md.
+#pragma once
+#include <memory>
+#include <vector>
+
+#include "core/tensor.h"
+
+namespace lmtune {
+
+struct Node;
+
+class Primitive {
+ public:
+  virtual ~Primitive() = default;
+  virtual const char* name() const = 0;
+  // Fill `outputs` (allocated with their final shapes and dtypes) from `inputs` (all on one device).
+  virtual void eval_cpu(const std::vector<Tensor>& inputs, std::vector<Tensor>& outputs) = 0;
+  virtual void eval_vulkan(const std::vector<Tensor>& inputs, std::vector<Tensor>& outputs) = 0;
+
+  // Whether vjp/jvp are defined. Recording an op without a vjp on a tensor that requires grad fails at once.
+  virtual bool has_vjp() const { return false; }
+  virtual bool has_jvp() const { return false; }
+  // Which saved values the vjp reads; the rest are released when the forward pass returns.
+  virtual bool vjp_needs_inputs() const { return true; }
+  virtual bool vjp_needs_outputs() const { return false; }
+
+  // Reverse mode: cotangents of the inputs for which wanted[i] is true (others may be left undefined),
+  // given the cotangents of the outputs (an undefined cotangent means zero). Runs with gradient recording off.
+  virtual std::vector<Tensor> vjp(const Node& node, const std::vector<Tensor>& cotangents,
+                                  const std::vector<bool>& wanted);
+  // Forward mode: tangents of the outputs given tangents of the inputs (undefined = zero).
+  virtual std::vector<Tensor> jvp(const Node& node, const std::vector<Tensor>& tangents);
+};
+
+struct OutputSpec {
+  Shape shape;
+  DType dtype;
+};
+
+// Runs a primitive: allocates its outputs on the inputs' device, evaluates it there, and records it for
+// autodiff when gradient recording is on and an input requires grad. Throws ShapeError if inputs are on
+// different devices.
+std::vector<Tensor> apply(std::shared_ptr<Primitive> prim, const std::vector<Tensor>& inputs,
+                          const std::vector<OutputSpec>& outputs);
+Tensor apply1(std::shared_ptr<Primitive> prim, const std::vector<Tensor>& inputs, const OutputSpec& output);
+// Records already-computed outputs (views that alias an input) without evaluating anything.
+std::vector<Tensor> record(std::shared_ptr<Primitive> prim, const std::vector<Tensor>& inputs,
+                           std::vector<Tensor> outputs);
+
+}  // namespace lmtune
