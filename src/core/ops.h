@@ -42,6 +42,8 @@ Tensor sigmoid(const Tensor& x);
 Tensor silu(const Tensor& x);
 Tensor gelu_tanh(const Tensor& x);                               // 0.5 x (1 + tanh(√(2/π)(x + 0.044715 x³)))
 Tensor gelu_erf(const Tensor& x);                                // 0.5 x (1 + erf(x/√2))
+Tensor erf(const Tensor& x);
+Tensor greater_equal(const Tensor& a, const Tensor& b);          // 1 where a >= b else 0 (a's dtype); no vjp
 // where(cond, a, b): cond is i32 (nonzero = take a) or float (nonzero = take a); all three broadcast.
 Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b);
 Tensor masked_fill(const Tensor& x, const Tensor& mask, float value);  // value where mask != 0

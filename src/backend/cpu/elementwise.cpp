@@ -1,0 +1,94 @@
+// CPU kernels for elementwise ops: rows are converted to f32, computed, and converted back.
+#include <cmath>
+#include <vector>
+
+#include "backend/cpu/strided.h"
+#include "core/ops/elementwise.h"
+
+namespace lmtune {
+namespace {
+
+float apply_unary(UnaryOp op, float x, float p) {
+  switch (op) {
+    case UnaryOp::neg: return -x;
+    case UnaryOp::exp: return std::exp(x);
+    case UnaryOp::log: return std::log(x);
+    case UnaryOp::sqrt: return std::sqrt(x);
+    case UnaryOp::rsqrt: return 1.0f / std::sqrt(x);
+    case UnaryOp::square: return x * x;
+    case UnaryOp::tanh: return std::tanh(x);
+    case UnaryOp::sigmoid: return 1.0f / (1.0f + std::exp(-x));
+    case UnaryOp::silu: return x / (1.0f + std::exp(-x));
+    case UnaryOp::gelu_tanh:
+      return 0.5f * x * (1.0f + std::tanh(0.7978845608028654f * (x + 0.044715f * x * x * x)));
+    case UnaryOp::gelu_erf: return 0.5f * x * (1.0f + std::erf(x * 0.7071067811865476f));
+    case UnaryOp::erf: return std::erf(x);
+    case UnaryOp::scale: return p * x;
+    case UnaryOp::add_scalar: return x + p;
+  }
+  return x;
+}
+
+float apply_binary(BinaryOp op, float a, float b) {
+  switch (op) {
+    case BinaryOp::add: return a + b;
+    case BinaryOp::sub: return a - b;
+    case BinaryOp::mul: return a * b;
+    case BinaryOp::div: return a / b;
+    case BinaryOp::maximum: return a >= b ? a : b;
+    case BinaryOp::greater_equal: return a >= b ? 1.0f : 0.0f;
+  }
+  return a;
+}
+
+}  // namespace
+
+void Unary::eval_cpu(const std::vector<Tensor>& in, std::vector<Tensor>& out) {
+  const Tensor& x = in[0];
+  Tensor& y = out[0];
+  char* xp = cpu::base_ptr(x);
+  char* yp = cpu::base_ptr(y);
+  size_t xs = dtype_size(x.dtype()), ys = dtype_size(y.dtype());
+  cpu::for_each_row(x.shape(), {x.strides(), y.strides()}, [&](const int64_t* o, const int64_t* s, int64_t n) {
+    std::vector<float> buf(static_cast<size_t>(n));
+    cpu::load_row(xp + o[0] * xs, x.dtype(), s[0], n, buf.data());
+    for (float& v : buf) v = apply_unary(op, v, param);
+    cpu::store_row(yp + o[1] * ys, y.dtype(), s[1], n, buf.data());
+  });
+}
+
+void Binary::eval_cpu(const std::vector<Tensor>& in, std::vector<Tensor>& out) {
+  Tensor& y = out[0];
+  Tensor a = broadcast_view(in[0], y.shape());
+  Tensor b = broadcast_view(in[1], y.shape());
+  char *ap = cpu::base_ptr(a), *bp = cpu::base_ptr(b), *yp = cpu::base_ptr(y);
+  size_t es = dtype_size(a.dtype()), ys = dtype_size(y.dtype());
+  cpu::for_each_row(y.shape(), {a.strides(), b.strides(), y.strides()},
+                    [&](const int64_t* o, const int64_t* s, int64_t n) {
+                      std::vector<float> va(static_cast<size_t>(n)), vb(static_cast<size_t>(n));
+                      cpu::load_row(ap + o[0] * es, a.dtype(), s[0], n, va.data());
+                      cpu::load_row(bp + o[1] * es, b.dtype(), s[1], n, vb.data());
+                      for (int64_t i = 0; i < n; ++i) va[i] = apply_binary(op, va[i], vb[i]);
+                      cpu::store_row(yp + o[2] * ys, y.dtype(), s[2], n, va.data());
+                    });
+}
+
+void Where::eval_cpu(const std::vector<Tensor>& in, std::vector<Tensor>& out) {
+  Tensor& y = out[0];
+  Tensor c = broadcast_view(in[0], y.shape());
+  Tensor a = broadcast_view(in[1], y.shape());
+  Tensor b = broadcast_view(in[2], y.shape());
+  char *cp = cpu::base_ptr(c), *ap = cpu::base_ptr(a), *bp = cpu::base_ptr(b), *yp = cpu::base_ptr(y);
+  size_t cs = dtype_size(c.dtype()), es = dtype_size(a.dtype());
+  cpu::for_each_row(y.shape(), {c.strides(), a.strides(), b.strides(), y.strides()},
+                    [&](const int64_t* o, const int64_t* s, int64_t n) {
+                      std::vector<float> vc(static_cast<size_t>(n)), va(static_cast<size_t>(n)), vb(static_cast<size_t>(n));
+                      cpu::load_row(cp + o[0] * cs, c.dtype(), s[0], n, vc.data());
+                      cpu::load_row(ap + o[1] * es, a.dtype(), s[1], n, va.data());
+                      cpu::load_row(bp + o[2] * es, b.dtype(), s[2], n, vb.data());
+                      for (int64_t i = 0; i < n; ++i) va[i] = vc[i] != 0.0f ? va[i] : vb[i];
+                      cpu::store_row(yp + o[3] * es, y.dtype(), s[3], n, va.data());
+                    });
+}
+
+}  // namespace lmtune

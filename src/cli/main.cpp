@@ -1,0 +1,28 @@
+// lmtune: one binary, CLI11 subcommands. Errors from lmtune become one message and a non-zero exit code.
+#include <CLI/CLI.hpp>
+#include <spdlog/spdlog.h>
+
+#include "cli/commands.h"
+#include "core/error.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{"lmtune: fine-tune open LLMs on any GPU through Vulkan, or on the CPU"};
+  app.require_subcommand(1);
+  std::string device;
+  app.add_option("--device", device, "cpu | vulkan | vulkan:N | auto (default: LMTUNE_DEVICE or auto)");
+  std::string log_level = "info";
+  app.add_option("--log-level", log_level, "trace | debug | info | warn | error");
+  lmtune::cli::add_commands(app, device);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  } catch (const lmtune::Error& e) {
+    spdlog::error("{}", e.what());
+    return 1;
+  } catch (const std::exception& e) {
+    spdlog::error("internal error: {}", e.what());
+    return 2;
+  }
+  return 0;
+}

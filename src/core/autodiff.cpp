@@ -1,0 +1,308 @@
+// Reverse mode (backward, vjp, value_and_grad), forward mode (jvp) and checkpoint over the recorded graph.
+// Nodes are processed in order of their sequence numbers: a node's inputs were always created before it, so
+// decreasing seq is a valid reverse topological order and increasing seq a forward one.
+#include "core/autodiff.h"
+
+#include <algorithm>
+#include <map>
+#include <set>
+#include <unordered_map>
+
+#include "core/error.h"
+#include "core/ops.h"
+#include "core/tape.h"
+
+namespace lmtune {
+namespace {
+
+thread_local bool t_grad_enabled = true;
+thread_local bool t_save_all = false;
+thread_local bool t_force = false;
+thread_local uint64_t t_seq = 0;
+
+class EnableGrad {
+ public:
+  EnableGrad() : prev_(t_grad_enabled) { t_grad_enabled = true; }
+  ~EnableGrad() { t_grad_enabled = prev_; }
+
+ private:
+  bool prev_;
+};
+
+Tensor accumulate(const Tensor& acc, const Tensor& g) {
+  if (!acc.defined()) return g;
+  return ops::add(acc, g.dtype() == acc.dtype() ? g : ops::cast(g, acc.dtype()));
+}
+
+// Nodes reachable from the roots, sorted by seq (ascending).
+std::vector<Node*> collect(const std::vector<Tensor>& roots) {
+  std::set<Node*> seen;
+  std::vector<Node*> stack, order;
+  for (const auto& r : roots)
+    if (r.defined() && r.impl()->node && seen.insert(r.impl()->node.get()).second) stack.push_back(r.impl()->node.get());
+  while (!stack.empty()) {
+    Node* n = stack.back();
+    stack.pop_back();
+    order.push_back(n);
+    for (const auto& e : n->edges)
+      if (e.node && seen.insert(e.node.get()).second) stack.push_back(e.node.get());
+  }
+  std::sort(order.begin(), order.end(), [](Node* a, Node* b) { return a->seq < b->seq; });
+  return order;
+}
+
+void check_grad_shape(const Node& node, size_t i, const Tensor& g) {
+  if (g.defined() && g.shape() != node.input_shapes[i])
+    throw AutodiffError(std::string("vjp of '") + node.prim->name() + "' returned shape " + to_string(g.shape()) +
+                        " for input " + std::to_string(i) + " of shape " + to_string(node.input_shapes[i]));
+}
+
+// Propagates cotangents from `roots` back through the graph. Returns the gradients of `targets` (zeros where
+// unreached). Other leaves that require grad get theirs accumulated into .grad when accumulate_leaves is set.
+std::vector<Tensor> run_backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& cotangents,
+                                 const std::vector<Tensor>& targets, bool accumulate_leaves) {
+  NoGrad no_grad;
+  std::unordered_map<Node*, std::vector<Tensor>> node_grads;
+  std::map<TensorImpl*, Tensor> leaf_grads;
+  std::map<TensorImpl*, std::shared_ptr<TensorImpl>> leaf_owner;
+  auto add_to_leaf = [&](const std::shared_ptr<TensorImpl>& leaf, const Tensor& g) {
+    leaf_grads[leaf.get()] = accumulate(leaf_grads[leaf.get()], g);
+    leaf_owner[leaf.get()] = leaf;
+  };
+  for (size_t i = 0; i < roots.size(); ++i) {
+    const Tensor& r = roots[i];
+    const Tensor& c = cotangents[i];
+    if (!c.defined() || !r.defined()) continue;
+    if (c.shape() != r.shape())
+      throw AutodiffError("backward: cotangent of shape " + to_string(c.shape()) + " for an output of shape " +
+                          to_string(r.shape()));
+    if (auto& n = r.impl()->node) {
+      auto& slot = node_grads[n.get()];
+      slot.resize(n->output_shapes.size());
+      slot[r.impl()->output_index] = accumulate(slot[r.impl()->output_index], c);
+    } else if (r.requires_grad()) {
+      add_to_leaf(r.impl_ptr(), c);
+    }
+  }
+  std::vector<Node*> order = collect(roots);
+  for (auto it = order.rbegin(); it != order.rend(); ++it) {
+    Node* node = *it;
+    auto found = node_grads.find(node);
+    if (found == node_grads.end()) continue;
+    std::vector<Tensor> cots = std::move(found->second);
+    node_grads.erase(found);
+    cots.resize(node->output_shapes.size());
+    std::vector<bool> wanted(node->edges.size());
+    bool any = false;
+    for (size_t i = 0; i < wanted.size(); ++i) any |= (wanted[i] = node->edges[i].requires_grad());
+    if (any) {
+      std::vector<Tensor> grads = node->prim->vjp(*node, cots, wanted);
+      for (size_t i = 0; i < node->edges.size() && i < grads.size(); ++i) {
+        if (!wanted[i] || !grads[i].defined()) continue;
+        check_grad_shape(*node, i, grads[i]);
+        const Edge& e = node->edges[i];
+        if (e.node) {
+          auto& slot = node_grads[e.node.get()];
+          slot.resize(e.node->output_shapes.size());
+          slot[e.output_index] = accumulate(slot[e.output_index], grads[i]);
+        } else {
+          add_to_leaf(e.leaf, grads[i]);
+        }
+      }
+    }
+    // The graph is consumed: release what this node kept for its vjp.
+    node->inputs.clear();
+    node->outputs.clear();
+  }
+  std::vector<Tensor> out(targets.size());
+  std::set<TensorImpl*> target_set;
+  for (size_t i = 0; i < targets.size(); ++i) {
+    target_set.insert(targets[i].impl());
+    auto f = leaf_grads.find(targets[i].impl());
+    out[i] = f != leaf_grads.end() ? f->second : Tensor::zeros(targets[i].shape(), targets[i].dtype(), targets[i].device());
+  }
+  if (accumulate_leaves) {
+    for (auto& [impl, g] : leaf_grads) {
+      if (target_set.count(impl)) continue;
+      auto& owner = leaf_owner[impl];
+      Tensor prev = owner->grad ? Tensor(owner->grad) : Tensor();
+      Tensor sum = accumulate(prev, g.dtype() == owner->dtype ? g : ops::cast(g, owner->dtype));
+      if (!sum.is_contiguous()) sum = ops::contiguous(sum);
+      owner->grad = sum.impl_ptr();
+    }
+  }
+  return out;
+}
+
+std::vector<Tensor> fresh_leaves(const std::vector<Tensor>& primals) {
+  std::vector<Tensor> leaves;
+  for (const auto& p : primals) {
+    Tensor l = p.detach();
+    if (is_float(l.dtype())) l.set_requires_grad(true);
+    leaves.push_back(l);
+  }
+  return leaves;
+}
+
+// The node that checkpoint() records: its vjp recomputes the segment with recording on.
+class CheckpointPrimitive final : public Primitive {
+ public:
+  explicit CheckpointPrimitive(Fn fn) : fn_(std::move(fn)) {}
+  const char* name() const override { return "checkpoint"; }
+  void eval_cpu(const std::vector<Tensor>&, std::vector<Tensor>&) override {}
+  void eval_vulkan(const std::vector<Tensor>&, std::vector<Tensor>&) override {}
+  bool has_vjp() const override { return true; }
+  bool has_jvp() const override { return true; }
+
+  std::vector<Tensor> vjp(const Node& node, const std::vector<Tensor>& cots, const std::vector<bool>&) override {
+    EnableGrad grad_on;
+    std::vector<Tensor> leaves = fresh_leaves(node.inputs);
+    std::vector<Tensor> outs = fn_(leaves);
+    return run_backward(outs, cots, leaves, /*accumulate_leaves=*/true);
+  }
+  std::vector<Tensor> jvp(const Node& node, const std::vector<Tensor>& tangents) override {
+    EnableGrad grad_on;
+    return lmtune::jvp(fn_, node.inputs, tangents).second;
+  }
+
+ private:
+  Fn fn_;
+};
+
+}  // namespace
+
+namespace tape {
+uint64_t next_seq() { return ++t_seq; }
+bool saving_everything() { return t_save_all; }
+bool force_record() { return t_force; }
+Scope::Scope(bool save_everything, bool force) : prev_save_(t_save_all), prev_force_(t_force) {
+  t_save_all = save_everything;
+  t_force = force;
+}
+Scope::~Scope() {
+  t_save_all = prev_save_;
+  t_force = prev_force_;
+}
+}  // namespace tape
+
+bool grad_enabled() { return t_grad_enabled; }
+NoGrad::NoGrad() : prev_(t_grad_enabled) { t_grad_enabled = false; }
+NoGrad::~NoGrad() { t_grad_enabled = prev_; }
+
+void backward(const Tensor& loss, const Tensor& cotangent) {
+  if (!loss.defined()) throw AutodiffError("backward: undefined tensor");
+  Tensor cot = cotangent;
+  if (!cot.defined()) {
+    if (loss.numel() != 1)
+      throw AutodiffError("backward: output of shape " + to_string(loss.shape()) +
+                          " is not a scalar; pass a cotangent of that shape");
+    cot = Tensor::full(loss.shape(), 1.0f, loss.dtype(), loss.device());
+  }
+  if (!loss.requires_grad()) throw AutodiffError("backward: the output does not depend on any tensor that requires grad");
+  run_backward({loss}, {cot}, {}, /*accumulate_leaves=*/true);
+}
+
+std::pair<std::vector<Tensor>, std::vector<Tensor>> vjp(const Fn& f, const std::vector<Tensor>& primals,
+                                                        const std::vector<Tensor>& cotangents) {
+  std::vector<Tensor> leaves = fresh_leaves(primals);
+  std::vector<Tensor> outs;
+  {
+    EnableGrad grad_on;
+    outs = f(leaves);
+  }
+  if (cotangents.size() != outs.size())
+    throw AutodiffError("vjp: " + std::to_string(cotangents.size()) + " cotangents for " + std::to_string(outs.size()) +
+                        " outputs");
+  std::vector<Tensor> grads = run_backward(outs, cotangents, leaves, /*accumulate_leaves=*/false);
+  for (auto& o : outs) o = o.detach();
+  return {outs, grads};
+}
+
+std::pair<std::vector<Tensor>, std::vector<Tensor>> jvp(const Fn& f, const std::vector<Tensor>& primals,
+                                                        const std::vector<Tensor>& tangents) {
+  if (tangents.size() != primals.size())
+    throw AutodiffError("jvp: " + std::to_string(tangents.size()) + " tangents for " + std::to_string(primals.size()) +
+                        " primals");
+  std::vector<Tensor> leaves = fresh_leaves(primals);
+  std::vector<Tensor> outs;
+  {
+    EnableGrad grad_on;
+    tape::Scope keep_all(/*save_everything=*/true, /*force_record=*/false);
+    outs = f(leaves);
+  }
+  NoGrad no_grad;
+  std::map<TensorImpl*, Tensor> leaf_tangent;
+  for (size_t i = 0; i < leaves.size(); ++i) {
+    if (tangents[i].defined() && tangents[i].shape() != primals[i].shape())
+      throw AutodiffError("jvp: tangent " + std::to_string(i) + " has shape " + to_string(tangents[i].shape()) +
+                          ", primal has " + to_string(primals[i].shape()));
+    leaf_tangent[leaves[i].impl()] = tangents[i];
+  }
+  std::unordered_map<Node*, std::vector<Tensor>> node_tangents;
+  for (Node* node : collect(outs)) {
+    std::vector<Tensor> in_t(node->edges.size());
+    bool any = false;
+    for (size_t i = 0; i < node->edges.size(); ++i) {
+      const Edge& e = node->edges[i];
+      if (e.node) {
+        auto f2 = node_tangents.find(e.node.get());
+        if (f2 != node_tangents.end()) in_t[i] = f2->second[e.output_index];
+      } else if (e.leaf) {
+        auto f2 = leaf_tangent.find(e.leaf.get());
+        if (f2 != leaf_tangent.end()) in_t[i] = f2->second;
+      }
+      any |= in_t[i].defined();
+    }
+    if (!any) continue;
+    if (!node->prim->has_jvp()) throw AutodiffError(std::string("op '") + node->prim->name() + "' has no jvp");
+    std::vector<Tensor> out_t = node->prim->jvp(*node, in_t);
+    out_t.resize(node->output_shapes.size());
+    node_tangents[node] = std::move(out_t);
+  }
+  std::vector<Tensor> result(outs.size());
+  for (size_t i = 0; i < outs.size(); ++i) {
+    const Tensor& o = outs[i];
+    if (o.impl()->node) {
+      auto f2 = node_tangents.find(o.impl()->node.get());
+      if (f2 != node_tangents.end()) result[i] = f2->second[o.impl()->output_index];
+    } else if (auto f2 = leaf_tangent.find(o.impl()); f2 != leaf_tangent.end()) {
+      result[i] = f2->second;
+    }
+    if (!result[i].defined()) result[i] = Tensor::zeros(o.shape(), o.dtype(), o.device());
+    outs[i] = o.detach();
+  }
+  return {outs, result};
+}
+
+std::function<std::pair<Tensor, std::vector<Tensor>>(const std::vector<Tensor>&)> value_and_grad(const Fn& f) {
+  return [f](const std::vector<Tensor>& args) {
+    std::vector<Tensor> leaves = fresh_leaves(args);
+    Tensor value;
+    {
+      EnableGrad grad_on;
+      auto outs = f(leaves);
+      if (outs.empty() || outs[0].numel() != 1)
+        throw AutodiffError("value_and_grad: the function must return a scalar first");
+      value = outs[0];
+    }
+    Tensor one = Tensor::full(value.shape(), 1.0f, value.dtype(), value.device());
+    std::vector<Tensor> grads = run_backward({value}, {one}, leaves, /*accumulate_leaves=*/false);
+    return std::make_pair(value.detach(), grads);
+  };
+}
+
+Fn checkpoint(Fn f) {
+  return [f](const std::vector<Tensor>& inputs) -> std::vector<Tensor> {
+    if (!grad_enabled()) return f(inputs);
+    std::vector<Tensor> outs;
+    {
+      NoGrad no_grad;  // no intermediates are kept: backward recomputes them
+      outs = f(inputs);
+    }
+    for (auto& o : outs) o = o.detach();
+    tape::Scope force(tape::saving_everything(), /*force_record=*/true);
+    return record(std::make_shared<CheckpointPrimitive>(f), inputs, std::move(outs));
+  };
+}
+
+}  // namespace lmtune

@@ -1,0 +1,66 @@
+// Elementwise primitives: unary maps, broadcasting binary ops and where. Kernels: backend/{cpu,vulkan}/elementwise.cpp.
+#pragma once
+#include "core/primitive.h"
+
+namespace lmtune {
+
+enum class UnaryOp : int {
+  neg, exp, log, sqrt, rsqrt, square, tanh, sigmoid, silu, gelu_tanh, gelu_erf, erf, scale, add_scalar
+};
+enum class BinaryOp : int { add, sub, mul, div, maximum, greater_equal };  // greater_equal: 1/0, no vjp
+
+const char* unary_op_name(UnaryOp op);
+const char* binary_op_name(BinaryOp op);
+
+// y = f(x) elementwise; `param` is the scalar of scale/add_scalar.
+class Unary final : public Primitive {
+ public:
+  Unary(UnaryOp op, float param = 0) : op(op), param(param) {}
+  const char* name() const override { return unary_op_name(op); }
+  void eval_cpu(const std::vector<Tensor>& in, std::vector<Tensor>& out) override;
+  void eval_vulkan(const std::vector<Tensor>& in, std::vector<Tensor>& out) override;
+  bool has_vjp() const override { return true; }
+  bool has_jvp() const override { return true; }
+  bool vjp_needs_inputs() const override;
+  bool vjp_needs_outputs() const override;
+  std::vector<Tensor> vjp(const Node& node, const std::vector<Tensor>& cot, const std::vector<bool>& wanted) override;
+  std::vector<Tensor> jvp(const Node& node, const std::vector<Tensor>& tangents) override;
+  // dy/dx as a tensor, from the saved input x and output y.
+  Tensor derivative(const Tensor& x, const Tensor& y) const;
+
+  UnaryOp op;
+  float param;
+};
+
+// out = a (op) b with numpy broadcasting; inputs keep their own shapes, kernels broadcast by stride 0.
+class Binary final : public Primitive {
+ public:
+  explicit Binary(BinaryOp op) : op(op) {}
+  const char* name() const override { return binary_op_name(op); }
+  void eval_cpu(const std::vector<Tensor>& in, std::vector<Tensor>& out) override;
+  void eval_vulkan(const std::vector<Tensor>& in, std::vector<Tensor>& out) override;
+  bool has_vjp() const override { return op != BinaryOp::greater_equal; }
+  bool has_jvp() const override { return op != BinaryOp::greater_equal; }
+  bool vjp_needs_inputs() const override { return op != BinaryOp::add && op != BinaryOp::sub; }
+  std::vector<Tensor> vjp(const Node& node, const std::vector<Tensor>& cot, const std::vector<bool>& wanted) override;
+  std::vector<Tensor> jvp(const Node& node, const std::vector<Tensor>& tangents) override;
+
+  BinaryOp op;
+};
+
+// out = cond != 0 ? a : b, all three broadcast to out's shape.
+class Where final : public Primitive {
+ public:
+  const char* name() const override { return "where"; }
+  void eval_cpu(const std::vector<Tensor>& in, std::vector<Tensor>& out) override;
+  void eval_vulkan(const std::vector<Tensor>& in, std::vector<Tensor>& out) override;
+  bool has_vjp() const override { return true; }
+  bool has_jvp() const override { return true; }
+  std::vector<Tensor> vjp(const Node& node, const std::vector<Tensor>& cot, const std::vector<bool>& wanted) override;
+  std::vector<Tensor> jvp(const Node& node, const std::vector<Tensor>& tangents) override;
+};
+
+// A view of `t` broadcast to `shape` (stride 0 on broadcast axes), for kernels.
+Tensor broadcast_view(const Tensor& t, const Shape& shape);
+
+}  // namespace lmtune
