@@ -37,3 +37,5 @@ add_custom_command(
   DEPENDS ${LMTUNE_SPV_FILES} ${CMAKE_SOURCE_DIR}/cmake/embed_spirv.cmake
   COMMENT "embedding ${CMAKE_BINARY_DIR}/spv/*.spv"
   VERBATIM)
+add_custom_target(lmtune_kernels DEPENDS ${LMTUNE_KERNELS_CPP})
+set_source_files_properties(${LMTUNE_KERNELS_CPP} PROPERTIES GENERATED TRUE)
