@@ -1,0 +1,22 @@
+// Batched matrix product. Kernels: backend/cpu/matmul.cpp (OpenBLAS), backend/vulkan/matmul.cpp
+// (tiled scalar kernel; cooperative-matrix kernel with f16 operands where the device has them).
+#pragma once
+#include "core/primitive.h"
+
+namespace lmtune {
+
+// a [..., M, K] x b [..., K, N] -> out [..., M, N]; batch dims broadcast (out has the broadcast batch shape).
+// Each operand's last two dims may be row-major (stride of last dim 1) or transposed (stride of dim -2 is 1);
+// anything else is made contiguous by the op function before the kernel sees it. Accumulates in f32.
+class Matmul final : public Primitive {
+ public:
+  const char* name() const override { return "matmul"; }
+  void eval_cpu(const std::vector<Tensor>& in, std::vector<Tensor>& out) override;
+  void eval_vulkan(const std::vector<Tensor>& in, std::vector<Tensor>& out) override;
+  bool has_vjp() const override { return true; }
+  bool has_jvp() const override { return true; }
+  std::vector<Tensor> vjp(const Node& node, const std::vector<Tensor>& cot, const std::vector<bool>& wanted) override;
+  std::vector<Tensor> jvp(const Node& node, const std::vector<Tensor>& t) override;
+};
+
+}  // namespace lmtune

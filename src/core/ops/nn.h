@@ -1,0 +1,82 @@
+// Neural-network primitives: RMSNorm, LayerNorm, rotary embedding, embedding gather and its scatter-add.
+// Kernels: backend/{cpu,vulkan}/nn.cpp.
+#pragma once
+#include "core/ops.h"
+#include "core/primitive.h"
+
+namespace lmtune {
+
+// y = x * rstd * w over the last axis, rstd = 1/sqrt(mean(x²) + eps). Outputs: y (x's dtype), rstd f32 [...].
+class RmsNorm final : public Primitive {
+ public:
+  explicit RmsNorm(float eps) : eps(eps) {}
+  const char* name() const override { return "rms_norm"; }
+  void eval_cpu(const std::vector<Tensor>& in, std::vector<Tensor>& out) override;
+  void eval_vulkan(const std::vector<Tensor>& in, std::vector<Tensor>& out) override;
+  bool has_vjp() const override { return true; }
+  bool has_jvp() const override { return true; }
+  bool vjp_needs_outputs() const override { return true; }
+  std::vector<Tensor> vjp(const Node& node, const std::vector<Tensor>& cot, const std::vector<bool>& wanted) override;
+  std::vector<Tensor> jvp(const Node& node, const std::vector<Tensor>& t) override;
+  float eps;
+};
+
+// y = (x - mean) * rstd * w + b over the last axis. Outputs: y, mean f32 [...], rstd f32 [...].
+class LayerNorm final : public Primitive {
+ public:
+  explicit LayerNorm(float eps) : eps(eps) {}
+  const char* name() const override { return "layer_norm"; }
+  void eval_cpu(const std::vector<Tensor>& in, std::vector<Tensor>& out) override;
+  void eval_vulkan(const std::vector<Tensor>& in, std::vector<Tensor>& out) override;
+  bool has_vjp() const override { return true; }
+  bool has_jvp() const override { return true; }
+  bool vjp_needs_outputs() const override { return true; }
+  std::vector<Tensor> vjp(const Node& node, const std::vector<Tensor>& cot, const std::vector<bool>& wanted) override;
+  std::vector<Tensor> jvp(const Node& node, const std::vector<Tensor>& t) override;
+  float eps;
+};
+
+// Rotary embedding of x [B, T, H, D] at positions i32 [B, T] with inv_freq f32 [R/2] (R <= D rotated dims).
+// half_split pairs (i, i + R/2) (HF "rotate_half"); interleaved pairs (2i, 2i + 1). inverse rotates by -angle
+// (the vjp, since the rotation is orthogonal).
+class Rope final : public Primitive {
+ public:
+  Rope(ops::RopeLayout layout, bool inverse) : layout(layout), inverse(inverse) {}
+  const char* name() const override { return "rope"; }
+  void eval_cpu(const std::vector<Tensor>& in, std::vector<Tensor>& out) override;
+  void eval_vulkan(const std::vector<Tensor>& in, std::vector<Tensor>& out) override;
+  bool has_vjp() const override { return true; }
+  bool has_jvp() const override { return true; }
+  std::vector<Tensor> vjp(const Node& node, const std::vector<Tensor>& cot, const std::vector<bool>& wanted) override;
+  std::vector<Tensor> jvp(const Node& node, const std::vector<Tensor>& t) override;
+  ops::RopeLayout layout;
+  bool inverse;
+};
+
+// out[..., :] = weight[ids[...], :]; ids outside [0, V) raise ShapeError before the kernel runs.
+class Embedding final : public Primitive {
+ public:
+  const char* name() const override { return "embedding"; }
+  void eval_cpu(const std::vector<Tensor>& in, std::vector<Tensor>& out) override;
+  void eval_vulkan(const std::vector<Tensor>& in, std::vector<Tensor>& out) override;
+  bool has_vjp() const override { return true; }
+  bool has_jvp() const override { return true; }
+  std::vector<Tensor> vjp(const Node& node, const std::vector<Tensor>& cot, const std::vector<bool>& wanted) override;
+  std::vector<Tensor> jvp(const Node& node, const std::vector<Tensor>& t) override;
+};
+
+// out [V, C] = scatter-add of grad [..., C] rows into rows ids[...] (f32 accumulation).
+class EmbeddingBackward final : public Primitive {
+ public:
+  explicit EmbeddingBackward(int64_t vocab) : vocab(vocab) {}
+  const char* name() const override { return "embedding_backward"; }
+  void eval_cpu(const std::vector<Tensor>& in, std::vector<Tensor>& out) override;
+  void eval_vulkan(const std::vector<Tensor>& in, std::vector<Tensor>& out) override;
+  bool has_vjp() const override { return true; }
+  bool has_jvp() const override { return true; }
+  std::vector<Tensor> vjp(const Node& node, const std::vector<Tensor>& cot, const std::vector<bool>& wanted) override;
+  std::vector<Tensor> jvp(const Node& node, const std::vector<Tensor>& t) override;
+  int64_t vocab;
+};
+
+}  // namespace lmtune

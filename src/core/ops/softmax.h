@@ -1,0 +1,51 @@
+// Softmax, log-softmax and cross-entropy over the last axis. Kernels: backend/{cpu,vulkan}/softmax.cpp.
+#pragma once
+#include "core/primitive.h"
+
+namespace lmtune {
+
+// Stable (log-)softmax over the last axis; rows that are all -inf give 0 (softmax) / -inf (log_softmax).
+class Softmax final : public Primitive {
+ public:
+  explicit Softmax(bool log) : log(log) {}
+  const char* name() const override { return log ? "log_softmax" : "softmax"; }
+  void eval_cpu(const std::vector<Tensor>& in, std::vector<Tensor>& out) override;
+  void eval_vulkan(const std::vector<Tensor>& in, std::vector<Tensor>& out) override;
+  bool has_vjp() const override { return true; }
+  bool has_jvp() const override { return true; }
+  bool vjp_needs_inputs() const override { return false; }
+  bool vjp_needs_outputs() const override { return true; }
+  std::vector<Tensor> vjp(const Node& node, const std::vector<Tensor>& cot, const std::vector<bool>& wanted) override;
+  std::vector<Tensor> jvp(const Node& node, const std::vector<Tensor>& t) override;
+  bool log;
+};
+
+// logits [N, V] (any float dtype), targets i32 [N] -> loss f32 [N] (0 where target == ignore_index) and
+// lse f32 [N] (log-sum-exp of each row, kept for the backward). Targets outside [0, V) (other than
+// ignore_index) raise ShapeError.
+class CrossEntropy final : public Primitive {
+ public:
+  explicit CrossEntropy(int ignore_index) : ignore_index(ignore_index) {}
+  const char* name() const override { return "cross_entropy"; }
+  void eval_cpu(const std::vector<Tensor>& in, std::vector<Tensor>& out) override;
+  void eval_vulkan(const std::vector<Tensor>& in, std::vector<Tensor>& out) override;
+  bool has_vjp() const override { return true; }
+  bool has_jvp() const override { return true; }
+  bool vjp_needs_outputs() const override { return true; }
+  std::vector<Tensor> vjp(const Node& node, const std::vector<Tensor>& cot, const std::vector<bool>& wanted) override;
+  std::vector<Tensor> jvp(const Node& node, const std::vector<Tensor>& t) override;
+  int ignore_index;
+};
+
+// dlogits [N, V] (logits' dtype) = (softmax(logits) - onehot(targets)) * g[:, None], zero rows where ignored.
+// Inputs: logits, targets, lse [N], g f32 [N]. Used by CrossEntropy's vjp and jvp; not differentiable itself.
+class CrossEntropyGrad final : public Primitive {
+ public:
+  explicit CrossEntropyGrad(int ignore_index) : ignore_index(ignore_index) {}
+  const char* name() const override { return "cross_entropy_grad"; }
+  void eval_cpu(const std::vector<Tensor>& in, std::vector<Tensor>& out) override;
+  void eval_vulkan(const std::vector<Tensor>& in, std::vector<Tensor>& out) override;
+  int ignore_index;
+};
+
+}  // namespace lmtune
