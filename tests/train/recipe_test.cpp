@@ -76,3 +76,14 @@ TEST(Recipe, BaseFilesLayer) {
   EXPECT_THROW(load_recipe(dir / "missing.yaml"), ConfigError);
   std::filesystem::remove_all(dir);
 }
+
+TEST(Recipe, ShippedRecipesParse) {
+  int n = 0;
+  for (const auto& e : std::filesystem::directory_iterator(std::filesystem::path(LMTUNE_SOURCE_DIR) / "recipes")) {
+    if (e.path().extension() != ".yaml") continue;
+    Recipe r = load_recipe(e.path());
+    EXPECT_FALSE(r.model.empty()) << e.path();
+    ++n;
+  }
+  EXPECT_GE(n, 5);
+}
