@@ -1,0 +1,103 @@
+// Malformed tokenizer files give a FileError that names the file and the problem, never a crash; plus small
+// hand-written tokenizers exercising components the real fixtures do not use.
+#include <gtest/gtest.h>
+
+#include "core/error.h"
+#include "tokenizer/tokenizer.h"
+
+namespace lmtune {
+namespace {
+
+std::string error_of(const std::string& json) {
+  try {
+    Tokenizer::from_json_string(json, "bad.json");
+  } catch (const FileError& e) {
+    return e.what();
+  }
+  return "no error";
+}
+
+const char* const kTinyModel = R"("model": {"type": "BPE", "vocab": {"a": 0, "b": 1, "ab": 2, "<unk>": 3, "c": 4},
+                                  "merges": ["a b"], "unk_token": "<unk>"})";
+
+TEST(TokenizerErrors, MalformedFilesNameTheProblem) {
+  EXPECT_NE(error_of("{not json").find("bad.json: invalid JSON"), std::string::npos);
+  EXPECT_NE(error_of("{}").find("bad.json: missing 'model'"), std::string::npos);
+  EXPECT_NE(error_of(R"({"model": {"type": "BPE", "vocab": {"a": 0, "b": 1, "ab": 2}, "merges": ["a b", "a xy"]}})")
+                .find("bad.json: model.merges[1]: names unknown token 'xy'"),
+            std::string::npos);
+  EXPECT_NE(error_of(R"({"model": {"type": "WordPiece", "vocab": {}}})").find("unsupported model type 'WordPiece'"),
+            std::string::npos);
+  EXPECT_NE(error_of(std::string("{") + kTinyModel + R"(, "normalizer": {"type": "BertNormalizer"}})")
+                .find("normalizer: unsupported normalizer type 'BertNormalizer'"),
+            std::string::npos);
+  EXPECT_NE(error_of(std::string("{") + kTinyModel + R"(, "pre_tokenizer": {"type": "Sequence", "pretokenizers": [{"type": "Whitespace"}]}})")
+                .find("pre_tokenizer.pretokenizers[0]: unsupported pre_tokenizer type 'Whitespace'"),
+            std::string::npos);
+  EXPECT_NE(error_of(std::string("{") + kTinyModel + R"(, "decoder": {"type": "CTC"}})").find("unsupported decoder type 'CTC'"),
+            std::string::npos);
+  EXPECT_NE(error_of(std::string("{") + kTinyModel + R"(, "pre_tokenizer": {"type": "Split", "pattern": {"Regex": "(["}}})")
+                .find("bad regex"),
+            std::string::npos);
+  EXPECT_THROW(Tokenizer::load("/nonexistent/tokenizer.json"), FileError);
+}
+
+TEST(TokenizerComponents, UnknownTokensAndFuseUnk) {
+  auto t = Tokenizer::from_json_string(std::string("{") + kTinyModel + "}");
+  EXPECT_EQ(t.encode("abxyc", false), (std::vector<int32_t>{2, 3, 3, 4}));
+  auto fused = Tokenizer::from_json_string(R"({"model": {"type": "BPE", "vocab": {"a": 0, "<unk>": 1}, "merges": [],
+                                             "unk_token": "<unk>", "fuse_unk": true}})");
+  EXPECT_EQ(fused.encode("axyza", false), (std::vector<int32_t>{0, 1, 0}));
+}
+
+TEST(TokenizerComponents, SplitBehaviours) {
+  auto make = [](const std::string& behavior, bool invert) {
+    return Tokenizer::from_json_string(
+        R"({"model": {"type": "BPE", "vocab": {"a": 0, "-": 1, "a-": 2, "-a": 3, "--": 4, "aa": 5},
+            "merges": [], "ignore_merges": true},
+            "pre_tokenizer": {"type": "Split", "pattern": {"String": "-"}, "behavior": ")" + behavior +
+        R"(", "invert": )" + (invert ? "true" : "false") + "}}");
+  };
+  // With ignore_merges a whole piece found in the vocab is one token, which exposes the split pieces.
+  EXPECT_EQ(make("Isolated", false).encode("a-a", false), (std::vector<int32_t>{0, 1, 0}));
+  EXPECT_EQ(make("Removed", false).encode("a-a", false), (std::vector<int32_t>{0, 0}));
+  EXPECT_EQ(make("MergedWithPrevious", false).encode("a-a", false), (std::vector<int32_t>{2, 0}));
+  EXPECT_EQ(make("MergedWithNext", false).encode("a-a", false), (std::vector<int32_t>{0, 3}));
+  EXPECT_EQ(make("Contiguous", false).encode("a--a", false), (std::vector<int32_t>{0, 4, 0}));
+  EXPECT_EQ(make("Removed", true).encode("aa-a", false), (std::vector<int32_t>{1}));
+}
+
+TEST(TokenizerComponents, NormalizersAndAddedTokenOptions) {
+  auto t = Tokenizer::from_json_string(R"({
+    "model": {"type": "BPE", "vocab": {"a": 0, "b": 1, "c": 2, " ": 3, "é": 4, "x": 6}, "merges": []},
+    "normalizer": {"type": "Sequence", "normalizers": [{"type": "NFC"}, {"type": "Lowercase"}, {"type": "Strip"}]},
+    "added_tokens": [
+      {"id": 5, "content": "<T>", "special": true, "lstrip": true, "rstrip": true, "single_word": false, "normalized": false},
+      {"id": 7, "content": "ab", "special": false, "lstrip": false, "rstrip": false, "single_word": true, "normalized": true}]})");
+  EXPECT_EQ(t.encode("  AE\u0301 ", false), (std::vector<int32_t>{0, 4}));  // strip, lowercase, NFC
+  EXPECT_EQ(t.encode("a  <T>  b", false), (std::vector<int32_t>{0, 5, 1}));  // lstrip/rstrip eat the spaces
+  EXPECT_EQ(t.encode("ab c", false), (std::vector<int32_t>{7, 3, 2}));        // single word: matches
+  EXPECT_EQ(t.encode("xab", false), (std::vector<int32_t>{6, 0, 1}));         // inside a word: no match
+  EXPECT_EQ(t.decode({5, 0}, true), "a");
+  EXPECT_TRUE(t.is_special(5));
+  EXPECT_FALSE(t.is_special(7));
+}
+
+TEST(TokenizerComponents, MetaspaceByteFallbackAndLiteralByteText) {
+  auto t = Tokenizer::from_json_string(R"({
+    "model": {"type": "BPE", "byte_fallback": true, "merges": [["▁", "a"]],
+              "vocab": {"▁": 0, "a": 1, "▁a": 2, "<0x40>": 3, "<": 4, "0": 5, "x": 6, "4": 7, ">": 8, "<0xC3>": 9, "<0xA9>": 10}},
+    "pre_tokenizer": {"type": "Metaspace", "replacement": "▁", "prepend_scheme": "first", "split": true},
+    "decoder": {"type": "Sequence", "decoders": [{"type": "Metaspace", "replacement": "▁", "prepend_scheme": "first"},
+                                                 {"type": "ByteFallback"}, {"type": "Fuse"}]}})");
+  EXPECT_EQ(t.encode("a @", false), (std::vector<int32_t>{2, 0, 3}));
+  EXPECT_EQ(t.encode("<0x40>", false), (std::vector<int32_t>{0, 4, 5, 6, 7, 5, 8}));  // literal text stays text
+  EXPECT_EQ(t.encode("é", false), (std::vector<int32_t>{0, 9, 10}));
+  EXPECT_EQ(t.decode(t.encode("a @ é", false)), "a @ é");
+  EXPECT_EQ(t.decode({9}), "\xEF\xBF\xBD");  // half a character decodes to U+FFFD
+  EXPECT_THROW(t.decode({99}), ConfigError);
+  EXPECT_THROW(t.encode("\xC3(", false), Error);  // invalid UTF-8 input
+}
+
+}  // namespace
+}  // namespace lmtune
