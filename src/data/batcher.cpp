@@ -37,7 +37,7 @@ const Sample& Batcher::take() {
 }
 
 Batch Batcher::next() {
-  std::vector<std::vector<const Sample*>> rows(size_t(batch_size_));
+  std::vector<std::vector<const Sample*>> rows(static_cast<size_t>(batch_size_));
   int T = 0;
   for (auto& row : rows) {
     if (!shuffle_ && epoch_finished()) break;  // evaluation: the last batch may be short

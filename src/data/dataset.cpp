@@ -99,6 +99,7 @@ Sample tokenize_record(const std::string& line, const Tokenizer& tok, std::strin
   } else {
     throw FileError(where + ": unknown data format '" + fmt + "'");
   }
+  if (!s.trainable.empty()) s.trainable[0] = 0;  // nothing precedes the first token, so it is never a target
   return s;
 }
 
