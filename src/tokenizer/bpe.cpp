@@ -1,6 +1,7 @@
 // The BPE model of tokenizer.json: vocab + ranked merges, applied per word with a priority queue over a
 // linked list of symbols (O(n log n), as HF's Word::merge_all), with byte_fallback, unk/fuse_unk,
 // ignore_merges, continuing_subword_prefix / end_of_word_suffix and a word → ids cache.
+#include <algorithm>
 #include <queue>
 
 #include "tokenizer/tokenizer_internal.h"
@@ -52,6 +53,7 @@ Bpe::Bpe(const json& model, const Origin& origin) {
     byte_ids_[b] = it == vocab_.end() ? -1 : it->second;
   }
 
+  const std::string metaspace = "\xE2\x96\x81";  // ▁
   const json& merges = model.value("merges", json::array());
   if (!merges.is_array()) origin.at("merges").fail("not an array");
   merges_.reserve(merges.size());
@@ -77,9 +79,18 @@ Bpe::Bpe(const json& model, const Origin& origin) {
     std::string merged = a + b.substr(std::min(b.size(), continuing_subword_prefix_.size()));
     auto im = vocab_.find(merged);
     if (im == vocab_.end()) where.fail("merged token '" + merged + "' is not in the vocab");
+    for (size_t at = merged.find(metaspace, 1); at != std::string::npos; at = merged.find(metaspace, at + 1)) {
+      size_t prev = at - 1;
+      while (prev > 0 && (static_cast<unsigned char>(merged[prev]) & 0xC0) == 0x80) --prev;
+      std::string joiner = merged.substr(prev, at - prev);
+      if (joiner != metaspace && std::find(metaspace_joiners_.begin(), metaspace_joiners_.end(), joiner) == metaspace_joiners_.end())
+        metaspace_joiners_.push_back(joiner);
+    }
     // A repeated pair keeps the later rank, as HF's HashMap collect does.
     merges_[pair_key(ia->second, ib->second)] = Merge{static_cast<int32_t>(i), im->second};
   }
+  split_before_metaspace_ = !ignore_merges_ && continuing_subword_prefix_.empty() && end_of_word_suffix_.empty() &&
+                            vocab_.count(metaspace) > 0;
 }
 
 void Bpe::encode_word(std::string_view word, std::vector<int32_t>& out) const {
@@ -91,6 +102,25 @@ void Bpe::encode_word(std::string_view word, std::vector<int32_t>& out) const {
       return;
     }
   }
+  if (!split_before_metaspace_) {
+    encode_cached(word, out);
+    return;
+  }
+  static constexpr std::string_view kMetaspace = "\xE2\x96\x81";
+  size_t start = 0;
+  for (size_t at = word.find(kMetaspace, 1); at != std::string_view::npos; at = word.find(kMetaspace, at + 3)) {
+    size_t prev = at - 1;
+    while (prev > start && (static_cast<unsigned char>(word[prev]) & 0xC0) == 0x80) --prev;
+    std::string_view before = word.substr(prev, at - prev);
+    if (at == start || before == kMetaspace) continue;
+    if (std::find(metaspace_joiners_.begin(), metaspace_joiners_.end(), before) != metaspace_joiners_.end()) continue;
+    encode_cached(word.substr(start, at - start), out);
+    start = at;
+  }
+  encode_cached(word.substr(start), out);
+}
+
+void Bpe::encode_cached(std::string_view word, std::vector<int32_t>& out) const {
   const bool cacheable = word.size() <= kMaxCachedWord;
   if (cacheable) {
     std::lock_guard lock(cache_mutex_);

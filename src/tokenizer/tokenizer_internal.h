@@ -87,7 +87,13 @@ class Bpe {
 
  private:
   void merge_word(std::string_view word, std::vector<int32_t>& out) const;
+  void encode_cached(std::string_view word, std::vector<int32_t>& out) const;
   StringMap<int32_t> vocab_;
+  // SentencePiece-style BPE (no pre-tokenizer) sees whole sentences as one word. When no merge can join a
+  // character to a following "▁", the word can be cut before each "▁" without changing the result, which
+  // makes the word cache effective. These are the characters after which a merge does cross a "▁".
+  bool split_before_metaspace_ = false;
+  std::vector<std::string> metaspace_joiners_;
   // (left id, right id) → (rank, merged id)
   struct Merge { int32_t rank; int32_t id; };
   std::unordered_map<uint64_t, Merge> merges_;

@@ -101,3 +101,20 @@ TEST(TokenizerComponents, MetaspaceByteFallbackAndLiteralByteText) {
 
 }  // namespace
 }  // namespace lmtune
+
+namespace lmtune {
+namespace {
+
+TEST(TokenizerComponents, SentencePieceWordSplitKeepsMergesAcrossMetaspace) {
+  // "x▁" is produced by a merge, so the cut before "▁" (a speed-up for pre-tokenizer-less BPE) must not happen
+  // after "x"; after "z" it may.
+  auto t = Tokenizer::from_json_string(R"({"model": {"type": "BPE",
+      "vocab": {"x": 0, "▁": 1, "y": 2, "x▁": 3, "x▁y": 4, "▁y": 5, "z": 6},
+      "merges": [["x", "▁"], ["x▁", "y"], ["▁", "y"]]}})");
+  EXPECT_EQ(t.encode("x▁y", false), (std::vector<int32_t>{4}));
+  EXPECT_EQ(t.encode("z▁y", false), (std::vector<int32_t>{6, 5}));
+  EXPECT_EQ(t.encode("x▁yz▁y▁▁y", false), (std::vector<int32_t>{4, 6, 5, 1, 5}));
+}
+
+}  // namespace
+}  // namespace lmtune
