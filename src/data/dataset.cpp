@@ -5,11 +5,13 @@
 #include <spdlog/spdlog.h>
 
 #include <fstream>
+#include <optional>
 #include <sstream>
 
 #include "core/error.h"
 #include "io/atomic_file.h"
 #include "io/hdf5_file.h"
+#include "tokenizer/chat_template.h"
 #include "tokenizer/tokenizer.h"
 
 namespace lmtune {
@@ -66,11 +68,12 @@ void append_eos(const Tokenizer& tok, Sample& s, uint8_t trainable) {
   s.trainable.push_back(trainable);
 }
 
-Sample tokenize_chat(const json& obj, const Tokenizer& tok, const std::string& where);
+Sample tokenize_chat(const json& obj, const Tokenizer& tok, const ChatTemplate* chat, const std::string& where);
 
 }  // namespace
 
-Sample tokenize_record(const std::string& line, const Tokenizer& tok, std::string& format, const std::string& where) {
+Sample tokenize_record(const std::string& line, const Tokenizer& tok, std::string& format, const std::string& where,
+                       const ChatTemplate* chat) {
   json obj;
   try {
     obj = json::parse(line);
@@ -95,7 +98,7 @@ Sample tokenize_record(const std::string& line, const Tokenizer& tok, std::strin
     s.trainable.resize(s.ids.size(), 1);
     append_eos(tok, s, 1);
   } else if (fmt == "chat") {
-    s = tokenize_chat(obj, tok, where);
+    s = tokenize_chat(obj, tok, chat, where);
   } else {
     throw FileError(where + ": unknown data format '" + fmt + "'");
   }
@@ -105,8 +108,25 @@ Sample tokenize_record(const std::string& line, const Tokenizer& tok, std::strin
 
 namespace {
 
-Sample tokenize_chat(const json&, const Tokenizer&, const std::string& where) {
-  throw FileError(where + ": chat-format data needs the chat template support (not built in this version)");
+Sample tokenize_chat(const json& obj, const Tokenizer& tok, const ChatTemplate* chat, const std::string& where) {
+  const json& messages = obj["messages"];
+  if (!messages.is_array() || messages.empty()) throw FileError(where + ": \"messages\" must be a non-empty array");
+  for (size_t i = 0; i < messages.size(); ++i) {
+    const json& m = messages[i];
+    if (!m.is_object() || !m.contains("role") || !m["role"].is_string() || !m.contains("content") ||
+        !m["content"].is_string())
+      throw FileError(where + ": messages[" + std::to_string(i) + "] must be an object with string \"role\" and \"content\"");
+  }
+  if (tok.chat_template().empty())
+    throw FileError(where + ": chat-format data, but the model's tokenizer_config.json has no chat_template");
+  try {
+    std::optional<ChatTemplate> local;
+    if (!chat) chat = &local.emplace(tok);
+    ChatTemplate::Example ex = chat->encode_with_assistant_mask(messages);
+    return Sample{std::move(ex.ids), std::move(ex.assistant_mask)};
+  } catch (const Error& e) {
+    throw FileError(where + ": " + e.what());
+  }
 }
 
 bool read_cache(const std::filesystem::path& file, Dataset& ds) {
@@ -179,6 +199,8 @@ Dataset load_dataset(const std::filesystem::path& file, const Tokenizer& tok, co
     return ds;
   }
   std::string format = opt.format;
+  std::optional<ChatTemplate> chat;  // parsed once for the whole file
+  if (!tok.chat_template().empty()) chat.emplace(tok);
   std::istringstream in(text);
   std::string line;
   int64_t line_no = 0;
@@ -189,7 +211,7 @@ Dataset load_dataset(const std::filesystem::path& file, const Tokenizer& tok, co
     if (line.find_first_not_of(" \t") == std::string::npos) continue;
     ++st.lines;
     std::string where = file.string() + ":" + std::to_string(line_no);
-    Sample s = tokenize_record(line, tok, format, where);
+    Sample s = tokenize_record(line, tok, format, where, chat ? &*chat : nullptr);
     if (int64_t(s.ids.size()) > opt.max_seq_len) {
       if (opt.overlong == "error")
         throw FileError(where + ": sample has " + std::to_string(s.ids.size()) + " tokens, more than data.max_seq_len = " +

@@ -11,6 +11,7 @@
 namespace lmtune {
 
 class Tokenizer;
+class ChatTemplate;
 
 struct Sample {
   std::vector<int32_t> ids;
@@ -45,9 +46,9 @@ struct Dataset {
 Dataset load_dataset(const std::filesystem::path& file, const Tokenizer& tokenizer, const DataOptions& options,
                      const std::filesystem::path& cache_dir = {});
 
-// Tokenizes one JSON object (already parsed from `where`, e.g. "train.jsonl:12") in the given format.
-// Returns false (and leaves `out` empty) for formats it cannot detect; throws FileError for bad fields.
+// Tokenizes one JSONL line (from `where`, e.g. "train.jsonl:12"). format "auto" is replaced by the format
+// detected. `chat` is the parsed chat template (parsed on demand when null). Throws FileError for bad lines.
 Sample tokenize_record(const std::string& json_line, const Tokenizer& tokenizer, std::string& format,
-                       const std::string& where);
+                       const std::string& where, const ChatTemplate* chat = nullptr);
 
 }  // namespace lmtune

@@ -204,3 +204,27 @@ TEST(Batcher, UnpackedRowsHoldOneSampleAndResumeFromCursor) {
     if (one.ids[size_t(t)] != 0) docs.insert(one.ids[size_t(t)] / 1000);
   EXPECT_EQ(docs.size(), 1u);
 }
+
+TEST(Dataset, ChatFormatTrainsOnAssistantTurnsOnly) {
+  TempDir d;
+  auto f = d.write("chat.jsonl",
+                   R"({"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "2+2?"},)"
+                   R"( {"role": "assistant", "content": "4."}, {"role": "user", "content": "3+3?"},)"
+                   R"( {"role": "assistant", "content": "6."}]})"
+                   "\n");
+  Dataset ds = load_dataset(f, tok(), {});
+  EXPECT_EQ(ds.stats.format, "chat");
+  const Sample& s = ds.samples.at(0);
+  std::string trained;
+  std::vector<int32_t> trained_ids;
+  for (size_t i = 0; i < s.ids.size(); ++i)
+    if (s.trainable[i]) trained_ids.push_back(s.ids[i]);
+  trained = tok().decode(trained_ids);
+  EXPECT_NE(trained.find("4."), std::string::npos) << trained;
+  EXPECT_NE(trained.find("6."), std::string::npos) << trained;
+  EXPECT_EQ(trained.find("2+2"), std::string::npos) << trained;
+  EXPECT_EQ(trained.find("Be brief"), std::string::npos) << trained;
+  EXPECT_NE(trained.find("<|im_end|>"), std::string::npos) << "the end-of-turn token teaches the model to stop";
+  auto bad = d.write("b.jsonl", R"({"messages": [{"role": "user"}]})" "\n");
+  EXPECT_NE(error_of(bad).find("b.jsonl:1"), std::string::npos);
+}
