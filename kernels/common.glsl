@@ -30,7 +30,7 @@ uint f32_to_f16(float f) {
   if (absx < 0x38800000u) {
     if (absx < 0x33000000u) return sgn;
     uint mant = (absx & 0x7fffffu) | 0x800000u;
-    uint shift = 126u - (absx >> 23) + 1u + 13u;
+    uint shift = 126u - (absx >> 23);  // value = mant * 2^(e - 126) units of 2^-24
     uint h = mant >> shift;
     uint rem = mant & ((1u << shift) - 1u);
     uint mid = 1u << (shift - 1u);
