@@ -14,12 +14,7 @@ uint32_t u32(int64_t v, const char* what) {
   return uint32_t(v);
 }
 
-namespace {
-
-constexpr uint32_t kGroup = 256;
-
-// Drops size-1 dims and merges neighbours that are contiguous in every tensor.
-void collapse(Shape& shape, std::vector<Strides>& strides) {
+void collapse_dims(Shape& shape, std::vector<Strides>& strides) {
   Shape s;
   std::vector<Strides> st(strides.size());
   for (size_t d = 0; d < shape.size(); ++d) {
@@ -37,6 +32,10 @@ void collapse(Shape& shape, std::vector<Strides>& strides) {
   shape = std::move(s);
   strides = std::move(st);
 }
+
+namespace {
+
+constexpr uint32_t kGroup = 256;
 
 void launch(Context& ctx, const std::string& kernel, const std::vector<Tensor>& tensors, const Shape& shape,
             const std::vector<Strides>& strides, std::vector<int64_t> offsets, uint32_t op, float param) {
@@ -85,7 +84,7 @@ void run_elementwise(const std::string& kernel, const std::vector<Tensor>& tenso
     strides.push_back(v.strides());
     offsets.push_back(v.offset());
   }
-  collapse(shape, strides);
+  collapse_dims(shape, strides);
   launch(context_for(y.device()), kernel, tensors, shape, strides, offsets, op, param);
 }
 
@@ -106,3 +105,19 @@ void Where::eval_vulkan(const std::vector<Tensor>& in, std::vector<Tensor>& out)
 }
 
 }  // namespace lmtune
+
+namespace lmtune::vk {
+
+bool make_rows(Shape shape, std::vector<Strides> strides, Rows& rows) {
+  rows.count = u32(numel(shape), "row count");
+  collapse_dims(shape, strides);
+  size_t nd = shape.size();
+  if (nd > 3) return false;
+  for (size_t d = 0; d < nd; ++d) {
+    rows.shape[3 - nd + d] = u32(shape[d], "dimension");
+    for (size_t t = 0; t < strides.size() && t < 2; ++t) rows.strides[t][3 - nd + d] = u32(strides[t][d], "stride");
+  }
+  return true;
+}
+
+}  // namespace lmtune::vk

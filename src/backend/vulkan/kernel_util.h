@@ -13,6 +13,18 @@ namespace lmtune::vk {
 // v as uint32, or a ShapeError naming `what` (kernels index with 32-bit integers).
 uint32_t u32(int64_t v, const char* what);
 
+// Drops size-1 dims of `shape` and merges neighbours that are contiguous in every stride vector.
+void collapse_dims(Shape& shape, std::vector<Strides>& strides);
+
+// Outer dims (rows) of up to 3 collapsed dims for row kernels: shape padded in front with 1s, strides with 0s.
+struct Rows {
+  uint32_t count = 0;
+  uint32_t shape[3] = {1, 1, 1};
+  uint32_t strides[2][3] = {{0, 0, 0}, {0, 0, 0}};
+};
+// Rows over `shape` for up to two stride vectors; false if they need more than 3 dims.
+bool make_rows(Shape shape, std::vector<Strides> strides, Rows& rows);
+
 // Push constants of kernels/elementwise.comp.
 struct ElementwisePush {
   uint32_t n;
