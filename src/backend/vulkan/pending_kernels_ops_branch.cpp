@@ -17,12 +17,6 @@ namespace lmtune {
     throw DeviceError(op " has no Vulkan kernel yet");                                 \
   }
 
-LMTUNE_PENDING_VULKAN_KERNEL(Unary, "unary")
-LMTUNE_PENDING_VULKAN_KERNEL(Binary, "binary")
-LMTUNE_PENDING_VULKAN_KERNEL(Where, "where")
-LMTUNE_PENDING_VULKAN_KERNEL(Copy, "copy")
-LMTUNE_PENDING_VULKAN_KERNEL(Reduce, "reduce")
-LMTUNE_PENDING_VULKAN_KERNEL(TopK, "topk")
 LMTUNE_PENDING_VULKAN_KERNEL(Matmul, "matmul")
 LMTUNE_PENDING_VULKAN_KERNEL(RmsNorm, "rms_norm")
 LMTUNE_PENDING_VULKAN_KERNEL(LayerNorm, "layer_norm")
@@ -34,12 +28,5 @@ LMTUNE_PENDING_VULKAN_KERNEL(CrossEntropy, "cross_entropy")
 LMTUNE_PENDING_VULKAN_KERNEL(CrossEntropyGrad, "cross_entropy_grad")
 
 #undef LMTUNE_PENDING_VULKAN_KERNEL
-
-namespace vk {
-std::vector<DeviceInfo> list_devices() { return {}; }
-std::unique_ptr<Backend> make_backend(int index) {
-  throw DeviceError("vulkan:" + std::to_string(index) + ": the Vulkan backend is not part of this branch yet");
-}
-}  // namespace vk
 
 }  // namespace lmtune
