@@ -1,6 +1,7 @@
 // PEFT adapter files: round trip, the key layout peft expects, and errors for inconsistent adapters.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 
