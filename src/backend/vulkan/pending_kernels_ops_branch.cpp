@@ -18,14 +18,6 @@ namespace lmtune {
   }
 
 LMTUNE_PENDING_VULKAN_KERNEL(Matmul, "matmul")
-LMTUNE_PENDING_VULKAN_KERNEL(RmsNorm, "rms_norm")
-LMTUNE_PENDING_VULKAN_KERNEL(LayerNorm, "layer_norm")
-LMTUNE_PENDING_VULKAN_KERNEL(Rope, "rope")
-LMTUNE_PENDING_VULKAN_KERNEL(Embedding, "embedding")
-LMTUNE_PENDING_VULKAN_KERNEL(EmbeddingBackward, "embedding_backward")
-LMTUNE_PENDING_VULKAN_KERNEL(Softmax, "softmax")
-LMTUNE_PENDING_VULKAN_KERNEL(CrossEntropy, "cross_entropy")
-LMTUNE_PENDING_VULKAN_KERNEL(CrossEntropyGrad, "cross_entropy_grad")
 
 #undef LMTUNE_PENDING_VULKAN_KERNEL
 
