@@ -13,6 +13,7 @@
 #define DT_F16 1u
 #define DT_BF16 2u
 
+#ifndef MATMUL_NO_PARAMS
 layout(push_constant) uniform MatmulParams {
   uint M, N, K;
   uint a_off, a_rs, a_cs, a_bs0, a_bs1;
@@ -29,6 +30,9 @@ layout(push_constant) uniform MatmulParams {
 #define FLAG_B_VEC 2u
 #define FLAG_C_VEC 4u  // C offset and N are multiples of 8 elements
 
+#endif  // MATMUL_NO_PARAMS
+
+#ifndef MATMUL_NO_PARAMS
 uint a_dtype() { return pc.dtypes & 15u; }
 uint b_dtype() { return (pc.dtypes >> 4) & 15u; }
 uint c_dtype() { return (pc.dtypes >> 8) & 15u; }
@@ -43,6 +47,8 @@ void batch_offsets(uint z, out uint a_base, out uint b_base, out uint c_base, ou
   uint nbatch = gl_NumWorkGroups.z / pc.nsplit;
   c_base = pc.c_off + (split * nbatch + batch) * pc.M * pc.N;
 }
+
+#endif  // MATMUL_NO_PARAMS
 
 // 16-bit element `e` of a buffer seen as 32-bit words.
 uint half_bits(uint word, uint e) { return (word >> ((e & 1u) << 4)) & 0xffffu; }

@@ -4,6 +4,7 @@
 #extension GL_EXT_shader_16bit_storage : require
 #extension GL_EXT_shader_explicit_arithmetic_types_int16 : require
 
+#define MATMUL_NO_PARAMS
 #include "matmul_common.glsl"
 
 layout(local_size_x = 256) in;
