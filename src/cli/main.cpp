@@ -10,8 +10,12 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   std::string device;
   app.add_option("--device", device, "cpu | vulkan | vulkan:N | auto (default: LMTUNE_DEVICE or auto)");
+  app.fallthrough();  // global options may also follow the subcommand
   std::string log_level = "info";
-  app.add_option("--log-level", log_level, "trace | debug | info | warn | error");
+  app.add_option("--log-level", log_level, "trace | debug | info | warn | error")
+      ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error"}))
+      ->each([](const std::string& level) { spdlog::set_level(spdlog::level::from_str(level)); });
+  spdlog::set_pattern("[%H:%M:%S] [%^%l%$] %v");
   lmtune::cli::add_commands(app, device);
   try {
     app.parse(argc, argv);

@@ -1,0 +1,50 @@
+// `lmtune info`: the compute devices lmtune found and the one it will use. Also the --device handling
+// shared by every command.
+#include <CLI/CLI.hpp>
+#include <spdlog/spdlog.h>
+
+#include <cstdio>
+
+#include "backend/vulkan/vulkan_backend.h"
+#include "cli/commands.h"
+#include "core/device.h"
+
+namespace lmtune::cli {
+
+void apply_device_option(const std::string& device) {
+  if (!device.empty()) set_default_device(parse_device(device));
+}
+
+namespace {
+
+std::string gib(uint64_t bytes) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.1f GiB", double(bytes) / double(1ull << 30));
+  return buf;
+}
+
+void run_info(const std::string& device) {
+  auto devices = vk::list_devices();
+  std::printf("Vulkan devices:\n");
+  if (devices.empty()) std::printf("  (none)\n");
+  for (const auto& d : devices) {
+    std::printf("  vulkan:%d  %s\n", d.index, d.name.c_str());
+    std::printf("            type %s, memory %s, subgroup %u, fp16 %s, 16-bit storage %s, cooperative matrix %s\n",
+                d.type.c_str(), gib(d.memory_bytes).c_str(), d.subgroup_size, d.fp16_arithmetic ? "yes" : "no",
+                d.storage_16bit ? "yes" : "no", d.cooperative_matrix ? "yes" : "no");
+    std::printf("            driver %s\n", d.driver.c_str());
+  }
+  std::printf("cpu       OpenBLAS, %s\n", "host memory");
+  Device chosen = device.empty() ? choose_device() : parse_device(device);
+  std::printf("using: %s%s\n", chosen.str().c_str(),
+              device.empty() ? (std::getenv("LMTUNE_DEVICE") ? " (from LMTUNE_DEVICE)" : " (auto)") : " (from --device)");
+}
+
+}  // namespace
+
+void add_info_command(CLI::App& app, const std::string& device) {
+  auto* cmd = app.add_subcommand("info", "List compute devices and the one lmtune will use");
+  cmd->callback([&device] { run_info(device); });
+}
+
+}  // namespace lmtune::cli

@@ -1,0 +1,12 @@
+// The list of subcommands.
+#include "cli/commands.h"
+
+#include <CLI/CLI.hpp>
+
+namespace lmtune::cli {
+
+void add_commands(CLI::App& app, const std::string& device) {
+  add_info_command(app, device);
+}
+
+}  // namespace lmtune::cli

@@ -1,0 +1,45 @@
+// In-place optimizer updates (not differentiable; run under NoGrad by the trainer). Hyper-parameters come in a
+// small f32 device tensor so a recorded step can be replayed with new values. Kernels:
+// backend/{cpu,vulkan}/optimizer.cpp.
+#pragma once
+#include "core/primitive.h"
+
+namespace lmtune {
+
+// Layout of the hyper-parameter tensor (f32 [kOptimHyperSize]).
+enum OptimHyper : int {
+  kLr = 0,           // learning rate for this step
+  kBeta1,            // AdamW β1 / SGD momentum
+  kBeta2,            // AdamW β2
+  kEps,
+  kWeightDecay,      // decoupled: p -= lr · wd · p
+  kBiasCorrection1,  // 1 - β1^t
+  kBiasCorrection2,  // 1 - β2^t
+  kGradScale,        // multiplies the gradient first (1/loss_scale · clip factor)
+  kOptimHyperSize
+};
+
+// Inputs: param f32, m f32, v f32 (same shape), grad (any float dtype, same shape), hyper f32 [8].
+// Updates param, m and v in place (AdamW with decoupled weight decay and bias correction, as torch.optim.AdamW).
+class AdamWUpdate final : public Primitive {
+ public:
+  const char* name() const override { return "adamw_update"; }
+  void eval_cpu(const std::vector<Tensor>& in, std::vector<Tensor>& out) override;
+  void eval_vulkan(const std::vector<Tensor>& in, std::vector<Tensor>& out) override;
+};
+
+// Inputs: param f32, momentum buffer f32 (may be undefined when β1 = 0), grad, hyper. SGD with momentum
+// (torch.optim.SGD semantics: buf = μ·buf + g; p -= lr·buf) and decoupled weight decay.
+class SgdUpdate final : public Primitive {
+ public:
+  const char* name() const override { return "sgd_update"; }
+  void eval_cpu(const std::vector<Tensor>& in, std::vector<Tensor>& out) override;
+  void eval_vulkan(const std::vector<Tensor>& in, std::vector<Tensor>& out) override;
+};
+
+namespace ops {
+void adamw_update(const Tensor& param, const Tensor& m, const Tensor& v, const Tensor& grad, const Tensor& hyper);
+void sgd_update(const Tensor& param, const Tensor& momentum, const Tensor& grad, const Tensor& hyper);
+}  // namespace ops
+
+}  // namespace lmtune

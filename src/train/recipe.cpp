@@ -1,0 +1,286 @@
+// Recipe loading: YAML layering (base:), dotted overrides, and validation against the schema in bind_all().
+#include "train/recipe.h"
+
+#include <yaml-cpp/yaml.h>
+
+#include <fstream>
+#include <functional>
+#include <map>
+#include <set>
+#include <sstream>
+
+#include "core/error.h"
+
+namespace lmtune {
+namespace {
+
+std::string where(const std::string& file, const YAML::Node& n) {
+  if (n.Mark().is_null()) return file;
+  return file + ":" + std::to_string(n.Mark().line + 1);
+}
+
+// Recursively overlays `top` onto `base` (maps merge key by key; anything else replaces).
+YAML::Node overlay(const YAML::Node& base, const YAML::Node& top) {
+  if (!base.IsMap() || !top.IsMap()) return YAML::Clone(top);
+  YAML::Node out = YAML::Clone(base);
+  for (const auto& kv : top) {
+    std::string key = kv.first.as<std::string>();
+    out[key] = out[key] ? overlay(out[key], kv.second) : YAML::Clone(kv.second);
+  }
+  return out;
+}
+
+YAML::Node load_yaml(const std::string& text, const std::string& name) {
+  try {
+    YAML::Node n = YAML::Load(text);
+    if (n.IsNull()) return YAML::Node(YAML::NodeType::Map);
+    if (!n.IsMap()) throw ConfigError(name + ": a recipe must be a YAML mapping of keys to values");
+    return n;
+  } catch (const YAML::Exception& e) {
+    throw ConfigError(name + ":" + std::to_string(e.mark.line + 1) + ": invalid YAML: " + e.msg);
+  }
+}
+
+YAML::Node load_with_bases(const std::filesystem::path& file, int depth) {
+  if (depth > 8) throw ConfigError(file.string() + ": `base:` chain is too deep (a cycle?)");
+  std::ifstream in(file);
+  if (!in) throw ConfigError("cannot read recipe " + file.string());
+  std::stringstream ss;
+  ss << in.rdbuf();
+  YAML::Node node = load_yaml(ss.str(), file.string());
+  if (node["base"]) {
+    if (!node["base"].IsScalar()) throw ConfigError(where(file.string(), node["base"]) + ": key 'base' must be a path");
+    std::filesystem::path base = file.parent_path() / node["base"].as<std::string>();
+    node.remove("base");
+    return overlay(load_with_bases(base, depth + 1), node);
+  }
+  return node;
+}
+
+void apply_override(YAML::Node& root, const std::string& item, const std::string& name) {
+  auto eq = item.find('=');
+  if (eq == std::string::npos || eq == 0)
+    throw ConfigError("override '" + item + "' must look like key.sub=value (for " + name + ")");
+  std::string path = item.substr(0, eq), value = item.substr(eq + 1);
+  YAML::Node parsed;
+  try {
+    parsed = YAML::Load(value.empty() ? "''" : value);
+  } catch (const YAML::Exception& e) {
+    throw ConfigError("override '" + item + "': cannot parse the value: " + e.msg);
+  }
+  std::vector<std::string> keys;
+  std::stringstream ss(path);
+  for (std::string k; std::getline(ss, k, '.');) keys.push_back(k);
+  // yaml-cpp nodes are handles: walk with copies of the handle, assigning through the map's operator[].
+  std::function<void(YAML::Node, size_t)> set = [&](YAML::Node node, size_t i) {
+    if (i + 1 == keys.size()) {
+      node[keys[i]] = parsed;
+      return;
+    }
+    if (!node[keys[i]] || !node[keys[i]].IsMap()) node[keys[i]] = YAML::Node(YAML::NodeType::Map);
+    set(node[keys[i]], i + 1);
+  };
+  set(root, 0);
+}
+
+// Reads typed values out of the YAML tree and remembers which keys the schema knows.
+class Binder {
+ public:
+  Binder(const YAML::Node& root, std::string file) : root_(root), file_(std::move(file)) {}
+
+  template <class T>
+  void bind(const std::string& path, T& out, std::initializer_list<const char*> choices = {}) {
+    known_.insert(path);
+    YAML::Node n = lookup(path);
+    if (!n || n.IsNull()) return;
+    try {
+      out = read<T>(n, path);
+    } catch (const YAML::Exception&) {
+      throw ConfigError(where(file_, n) + ": key '" + path + "': expected " + type_name<T>());
+    }
+    if constexpr (std::is_same_v<T, std::string>) {
+      if (choices.size()) {
+        bool ok = false;
+        std::string list;
+        for (const char* c : choices) {
+          ok = ok || out == c;
+          list += (list.empty() ? "" : ", ") + std::string(c);
+        }
+        if (!ok) throw ConfigError(where(file_, n) + ": key '" + path + "': '" + out + "' is not one of " + list);
+      }
+    }
+  }
+
+  void require_positive(const std::string& path, double v, bool allow_zero = false) {
+    if (v < 0 || (!allow_zero && v == 0))
+      throw ConfigError(where(file_, lookup(path)) + ": key '" + path + "' must be " +
+                        (allow_zero ? "non-negative" : "positive"));
+  }
+
+  // Every key in the tree must be known (or under a known key).
+  void reject_unknown(const YAML::Node& node, const std::string& prefix) {
+    for (const auto& kv : node) {
+      std::string key = prefix.empty() ? kv.first.as<std::string>() : prefix + "." + kv.first.as<std::string>();
+      if (known_.count(key)) continue;
+      bool is_section = false;
+      for (const auto& k : known_) is_section = is_section || k.rfind(key + ".", 0) == 0;
+      if (is_section && kv.second.IsMap()) {
+        reject_unknown(kv.second, key);
+        continue;
+      }
+      std::string siblings;
+      for (const auto& k : known_) {
+        auto dot = k.rfind('.');
+        std::string parent = dot == std::string::npos ? "" : k.substr(0, dot);
+        if (parent == prefix) siblings += (siblings.empty() ? "" : ", ") + k.substr(dot == std::string::npos ? 0 : dot + 1);
+      }
+      throw ConfigError(where(file_, kv.first) + ": unknown key '" + key + "'" +
+                        (is_section ? " (expected a mapping)" : "") + "; known keys" +
+                        (prefix.empty() ? "" : " under '" + prefix + "'") + ": " + siblings);
+    }
+  }
+
+ private:
+  YAML::Node lookup(const std::string& path) const {
+    YAML::Node n = YAML::Clone(root_);
+    std::stringstream ss(path);
+    for (std::string k; std::getline(ss, k, '.');) {
+      if (!n.IsMap() || !n[k]) return YAML::Node();
+      n = n[k];
+    }
+    return n;
+  }
+  template <class T>
+  static const char* type_name() {
+    if constexpr (std::is_same_v<T, bool>) return "true or false";
+    else if constexpr (std::is_integral_v<T>) return "an integer";
+    else if constexpr (std::is_floating_point_v<T>) return "a number";
+    else if constexpr (std::is_same_v<T, std::string>) return "a string";
+    else return "a list of strings";
+  }
+  template <class T>
+  T read(const YAML::Node& n, const std::string&) const {
+    if constexpr (std::is_same_v<T, std::string>) {
+      if (!n.IsScalar()) throw YAML::BadConversion(n.Mark());
+      return n.as<std::string>();
+    } else if constexpr (std::is_same_v<T, std::vector<std::string>>) {
+      if (n.IsScalar()) return {n.as<std::string>()};
+      if (!n.IsSequence()) throw YAML::BadConversion(n.Mark());
+      std::vector<std::string> v;
+      for (const auto& e : n) {
+        if (!e.IsScalar()) throw YAML::BadConversion(e.Mark());
+        v.push_back(e.as<std::string>());
+      }
+      return v;
+    } else {
+      if (!n.IsScalar()) throw YAML::BadConversion(n.Mark());
+      return n.as<T>();
+    }
+  }
+
+  YAML::Node root_;
+  std::string file_;
+  std::set<std::string> known_;
+};
+
+Recipe bind_all(const YAML::Node& root, const std::string& name) {
+  Recipe r;
+  Binder b(root, name);
+  b.bind("model", r.model);
+  b.bind("device", r.device);
+  b.bind("precision", r.precision, {"fp32", "fp16", "bf16"});
+  b.bind("finetune", r.finetune, {"lora", "full"});
+  b.bind("data.train", r.data.train);
+  b.bind("data.valid", r.data.valid);
+  b.bind("data.valid_split", r.data.valid_split);
+  b.bind("data.format", r.data.format, {"auto", "text", "completion", "chat"});
+  b.bind("data.max_seq_len", r.data.max_seq_len);
+  b.bind("data.packing", r.data.packing);
+  b.bind("data.overlong", r.data.overlong, {"truncate", "drop", "error"});
+  b.bind("lora.rank", r.lora.rank);
+  b.bind("lora.alpha", r.lora.alpha);
+  b.bind("lora.dropout", r.lora.dropout);
+  b.bind("lora.targets", r.lora.targets);
+  b.bind("lora.rslora", r.lora.rslora);
+  b.bind("lora.init_from", r.lora.init_from);
+  b.bind("optimizer.name", r.optimizer.name, {"adamw", "sgd"});
+  b.bind("optimizer.lr", r.optimizer.lr);
+  std::vector<std::string> betas;
+  b.bind("optimizer.betas", betas);
+  b.bind("optimizer.eps", r.optimizer.eps);
+  b.bind("optimizer.weight_decay", r.optimizer.weight_decay);
+  b.bind("optimizer.momentum", r.optimizer.momentum);
+  b.bind("schedule.name", r.schedule.name, {"constant", "linear", "cosine"});
+  b.bind("schedule.warmup_steps", r.schedule.warmup_steps);
+  b.bind("schedule.min_lr_ratio", r.schedule.min_lr_ratio);
+  b.bind("train.batch_size", r.train.batch_size);
+  b.bind("train.grad_accum", r.train.grad_accum);
+  b.bind("train.steps", r.train.steps);
+  b.bind("train.grad_clip", r.train.grad_clip);
+  b.bind("train.grad_checkpointing", r.train.grad_checkpointing);
+  b.bind("train.seed", r.train.seed);
+  b.bind("train.max_skipped_steps", r.train.max_skipped_steps);
+  b.bind("eval.every", r.eval.every);
+  b.bind("eval.batches", r.eval.batches);
+  b.bind("save.every", r.save.every);
+  b.bind("save.dir", r.save.dir);
+  b.bind("resume", r.resume);
+  b.reject_unknown(root, "");
+
+  if (!betas.empty()) {
+    if (betas.size() != 2) throw ConfigError(name + ": key 'optimizer.betas' must be a list of two numbers");
+    try {
+      r.optimizer.beta1 = std::stod(betas[0]);
+      r.optimizer.beta2 = std::stod(betas[1]);
+    } catch (const std::exception&) {
+      throw ConfigError(name + ": key 'optimizer.betas' must be a list of two numbers");
+    }
+  }
+  if (r.model.empty()) throw ConfigError(name + ": key 'model' is required (a HuggingFace model directory)");
+  if (r.data.train.empty()) throw ConfigError(name + ": key 'data.train' is required (a JSONL file)");
+  b.require_positive("data.max_seq_len", r.data.max_seq_len);
+  b.require_positive("lora.rank", r.lora.rank);
+  b.require_positive("lora.alpha", r.lora.alpha);
+  b.require_positive("optimizer.lr", r.optimizer.lr);
+  b.require_positive("optimizer.eps", r.optimizer.eps);
+  b.require_positive("optimizer.weight_decay", r.optimizer.weight_decay, true);
+  b.require_positive("train.batch_size", r.train.batch_size);
+  b.require_positive("train.grad_accum", r.train.grad_accum);
+  b.require_positive("train.steps", r.train.steps);
+  b.require_positive("train.grad_clip", r.train.grad_clip, true);
+  b.require_positive("train.max_skipped_steps", r.train.max_skipped_steps);
+  b.require_positive("schedule.warmup_steps", r.schedule.warmup_steps, true);
+  b.require_positive("eval.every", r.eval.every, true);
+  b.require_positive("save.every", r.save.every, true);
+  if (r.lora.dropout < 0 || r.lora.dropout >= 1) throw ConfigError(name + ": key 'lora.dropout' must be in [0, 1)");
+  if (r.data.valid_split < 0 || r.data.valid_split >= 1)
+    throw ConfigError(name + ": key 'data.valid_split' must be in [0, 1)");
+  if (r.optimizer.beta1 < 0 || r.optimizer.beta1 >= 1 || r.optimizer.beta2 < 0 || r.optimizer.beta2 >= 1)
+    throw ConfigError(name + ": key 'optimizer.betas' must be in [0, 1)");
+  if (r.device != "auto" && r.device != "cpu" && r.device != "vulkan" && r.device.rfind("vulkan:", 0) != 0)
+    throw ConfigError(name + ": key 'device': '" + r.device + "' is not one of auto, cpu, vulkan, vulkan:N");
+  YAML::Emitter emitter;
+  emitter << root;
+  r.resolved_yaml = emitter.c_str();
+  return r;
+}
+
+}  // namespace
+
+Recipe parse_recipe(const std::string& yaml_text, const std::string& name, const std::vector<std::string>& overrides) {
+  YAML::Node root = load_yaml(yaml_text, name);
+  if (root["base"]) throw ConfigError(name + ": key 'base' is only supported in recipe files");
+  for (const auto& o : overrides) apply_override(root, o, name);
+  return bind_all(root, name);
+}
+
+Recipe load_recipe(const std::filesystem::path& file, const std::vector<std::string>& overrides) {
+  YAML::Node root = load_with_bases(file, 0);
+  for (const auto& o : overrides) apply_override(root, o, file.string());
+  Recipe r = bind_all(root, file.string());
+  r.source = file;
+  // Relative data/model paths stay relative to the working directory, as users type them on the command line.
+  return r;
+}
+
+}  // namespace lmtune

@@ -1,0 +1,84 @@
+// Training recipes: YAML files (optionally layered on a `base:` file from configs/) plus dotted key=value
+// overrides from the command line, validated into a typed Recipe. Unknown keys and wrong types are errors naming
+// the file, key and line. docs/recipes.md documents every key.
+#pragma once
+#include <cstdint>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+namespace lmtune {
+
+struct Recipe {
+  std::string model;                 // HF model directory
+  std::string device = "auto";       // auto | cpu | vulkan[:N]
+  std::string precision = "bf16";    // fp32 | fp16 | bf16 (compute); trainable weights and optimizer state stay fp32
+  std::string finetune = "lora";     // lora | full
+
+  struct Data {
+    std::string train;
+    std::string valid;               // a file, or empty with valid_split
+    double valid_split = 0;          // fraction of train held out when valid is empty
+    std::string format = "auto";     // auto | text | completion | chat
+    int max_seq_len = 1024;
+    bool packing = true;
+    std::string overlong = "truncate";  // truncate | drop | error
+  } data;
+
+  struct Lora {
+    int rank = 16;
+    double alpha = 32;
+    double dropout = 0.05;
+    std::vector<std::string> targets = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
+    bool rslora = false;
+    std::string init_from;           // an existing PEFT adapter directory
+  } lora;
+
+  struct Optimizer {
+    std::string name = "adamw";      // adamw | sgd
+    double lr = 2e-4;
+    double beta1 = 0.9, beta2 = 0.999;
+    double eps = 1e-8;
+    double weight_decay = 0;
+    double momentum = 0;             // sgd only
+  } optimizer;
+
+  struct Schedule {
+    std::string name = "cosine";     // constant | linear | cosine
+    int warmup_steps = 0;
+    double min_lr_ratio = 0;         // final lr as a fraction of lr (linear, cosine)
+  } schedule;
+
+  struct Train {
+    int batch_size = 8;
+    int grad_accum = 1;
+    int steps = 1000;
+    double grad_clip = 1.0;          // global-norm clip; 0 disables
+    bool grad_checkpointing = true;
+    uint64_t seed = 42;
+    int max_skipped_steps = 10;      // consecutive NaN/Inf steps before stopping
+  } train;
+
+  struct Eval {
+    int every = 100;                 // 0 disables
+    int batches = 0;                 // 0: the whole validation set
+  } eval;
+
+  struct Save {
+    int every = 200;                 // 0: only at the end
+    std::string dir = "out/run";
+  } save;
+
+  bool resume = false;
+
+  std::filesystem::path source;      // the recipe file
+  std::string resolved_yaml;         // the recipe after bases and overrides, for --dry-run and checkpoints
+};
+
+// Loads `file`, layers it over its `base:` chain (paths relative to the including file), applies overrides
+// ("lora.rank=16", values parsed as YAML scalars or flow sequences) and validates. Throws ConfigError.
+Recipe load_recipe(const std::filesystem::path& file, const std::vector<std::string>& overrides = {});
+// Parses a recipe from YAML text (`name` is used in messages).
+Recipe parse_recipe(const std::string& yaml_text, const std::string& name, const std::vector<std::string>& overrides = {});
+
+}  // namespace lmtune

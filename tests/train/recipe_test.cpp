@@ -1,0 +1,89 @@
+// Recipe parsing: defaults, overrides, bases, and errors that name the key and line.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "core/error.h"
+#include "train/recipe.h"
+
+using namespace lmtune;
+
+namespace {
+const char* kMinimal = "model: m\ndata:\n  train: t.jsonl\n";
+
+std::string error_of(const std::string& yaml, const std::vector<std::string>& overrides = {}) {
+  try {
+    parse_recipe(yaml, "r.yaml", overrides);
+  } catch (const ConfigError& e) {
+    return e.what();
+  }
+  return "";
+}
+}  // namespace
+
+TEST(Recipe, DefaultsAndValues) {
+  Recipe r = parse_recipe(std::string(kMinimal) + "lora:\n  rank: 8\n  targets: all-linear\noptimizer:\n  betas: [0.8, 0.95]\n", "r.yaml");
+  EXPECT_EQ(r.model, "m");
+  EXPECT_EQ(r.lora.rank, 8);
+  EXPECT_EQ(r.lora.alpha, 32);
+  ASSERT_EQ(r.lora.targets.size(), 1u);
+  EXPECT_EQ(r.lora.targets[0], "all-linear");
+  EXPECT_DOUBLE_EQ(r.optimizer.beta1, 0.8);
+  EXPECT_DOUBLE_EQ(r.optimizer.beta2, 0.95);
+  EXPECT_EQ(r.schedule.name, "cosine");
+}
+
+TEST(Recipe, DottedOverrides) {
+  Recipe r = parse_recipe(kMinimal, "r.yaml", {"lora.rank=4", "optimizer.lr=1e-3", "train.grad_checkpointing=false",
+                                              "lora.targets=[q_proj, v_proj]"});
+  EXPECT_EQ(r.lora.rank, 4);
+  EXPECT_DOUBLE_EQ(r.optimizer.lr, 1e-3);
+  EXPECT_FALSE(r.train.grad_checkpointing);
+  EXPECT_EQ(r.lora.targets, (std::vector<std::string>{"q_proj", "v_proj"}));
+  EXPECT_NE(r.resolved_yaml.find("rank: 4"), std::string::npos);
+}
+
+TEST(Recipe, UnknownKeysNameKeyAndLine) {
+  std::string e = error_of(std::string(kMinimal) + "lora:\n  rnk: 8\n");
+  EXPECT_NE(e.find("r.yaml:5"), std::string::npos) << e;
+  EXPECT_NE(e.find("unknown key 'lora.rnk'"), std::string::npos) << e;
+  EXPECT_NE(e.find("rank"), std::string::npos) << e;
+  e = error_of(kMinimal, {"train.stpes=3"});
+  EXPECT_NE(e.find("unknown key 'train.stpes'"), std::string::npos) << e;
+}
+
+TEST(Recipe, WrongTypesAndValues) {
+  EXPECT_NE(error_of(kMinimal, {"lora.rank=abc"}).find("key 'lora.rank': expected an integer"), std::string::npos);
+  EXPECT_NE(error_of(kMinimal, {"precision=fp8"}).find("'fp8' is not one of fp32, fp16, bf16"), std::string::npos);
+  EXPECT_NE(error_of(kMinimal, {"train.steps=0"}).find("'train.steps' must be positive"), std::string::npos);
+  EXPECT_NE(error_of(kMinimal, {"lora.dropout=1.5"}).find("lora.dropout"), std::string::npos);
+  EXPECT_NE(error_of("data:\n  train: x\n").find("'model' is required"), std::string::npos);
+  EXPECT_NE(error_of("model: [unclosed\n").find("invalid YAML"), std::string::npos);
+  EXPECT_NE(error_of(kMinimal, {"noequals"}).find("key.sub=value"), std::string::npos);
+}
+
+TEST(Recipe, BaseFilesLayer) {
+  auto dir = std::filesystem::temp_directory_path() / "lmtune_recipe_test";
+  std::filesystem::create_directories(dir / "configs");
+  std::ofstream(dir / "configs" / "base.yaml") << "lora:\n  rank: 32\n  alpha: 64\ntrain:\n  steps: 7\n";
+  std::ofstream(dir / "r.yaml") << "base: configs/base.yaml\nmodel: m\ndata:\n  train: t\nlora:\n  rank: 8\n";
+  Recipe r = load_recipe(dir / "r.yaml", {"train.seed=3"});
+  EXPECT_EQ(r.lora.rank, 8);
+  EXPECT_EQ(r.lora.alpha, 64);
+  EXPECT_EQ(r.train.steps, 7);
+  EXPECT_EQ(r.train.seed, 3u);
+  EXPECT_THROW(load_recipe(dir / "missing.yaml"), ConfigError);
+  std::filesystem::remove_all(dir);
+}
+
+TEST(Recipe, ShippedRecipesParse) {
+  int n = 0;
+  for (const auto& e : std::filesystem::directory_iterator(std::filesystem::path(LMTUNE_SOURCE_DIR) / "recipes")) {
+    if (e.path().extension() != ".yaml") continue;
+    Recipe r = load_recipe(e.path());
+    EXPECT_FALSE(r.model.empty()) << e.path();
+    ++n;
+  }
+  EXPECT_GE(n, 5);
+}
