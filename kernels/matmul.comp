@@ -16,12 +16,12 @@
 
 #include "matmul_common.glsl"
 
-layout(constant_id = 0) const uint BM = 64;
-layout(constant_id = 1) const uint BN = 64;
-layout(constant_id = 2) const uint BK = 8;
-layout(constant_id = 3) const uint TM = 4;  // multiple of 4
-layout(constant_id = 4) const uint TN = 4;  // multiple of 4
-layout(local_size_x_id = 5) in;             // NT = (BM / TM) * (BN / TN), set by the host
+layout(local_size_x_id = 0) in;             // NT = (BM / TM) * (BN / TN), set by the host
+layout(constant_id = 1) const uint BM = 64;
+layout(constant_id = 2) const uint BN = 64;
+layout(constant_id = 3) const uint BK = 16;
+layout(constant_id = 4) const uint TM = 4;  // multiple of 4
+layout(constant_id = 5) const uint TN = 4;  // multiple of 4
 const uint RA = BM / TM;  // threads along m
 const uint RB = BN / TN;  // threads along n
 const uint NT = RA * RB;

@@ -4,6 +4,8 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <memory>
 #include <string>
 #include <vector>
@@ -129,6 +131,7 @@ class VulkanMatmul : public ::testing::Test {
     std::vector<double> ref = reference(a, b, batch, c.M, c.N, c.K);
     double e = nmse(y.to_doubles(), ref);
     bool cm = vk::matmul_options().kernel == vk::MatmulKernel::coopmat;
+    if (std::getenv("MM_PRINT")) std::printf("%-40s %-28s nmse %.3g\n", describe(c).c_str(), vk::last_matmul_kernel().c_str(), e);
     EXPECT_LT(e, threshold(c.dtype, cm)) << describe(c) << " [" << what << ": " << vk::last_matmul_kernel() << "]";
   }
 

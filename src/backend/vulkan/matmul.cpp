@@ -10,7 +10,7 @@
 
 #include <spdlog/spdlog.h>
 
-#include "backend/vulkan/context.h"
+#include "backend/vulkan/dispatch.h"
 #include "core/error.h"
 #include "core/ops/matmul.h"
 
@@ -107,7 +107,7 @@ struct Plan {
   bool coopmat = false;
   char tile = 'l';
   uint32_t bm = 0, bn = 0, bk = 0;
-  std::vector<uint32_t> spec;  // scalar kernel: BM, BN, BK, TM, TN, NT
+  std::vector<uint32_t> spec;  // scalar kernel: NT (workgroup size), BM, BN, BK, TM, TN
   uint32_t nsplit = 1;
 };
 
@@ -120,7 +120,7 @@ Plan scalar_plan(char tile) {
   else if (tile == 'm') { bm = 64; bn = 64; bk = 16; tm = 4; tn = 4; }
   else { bm = 32; bn = 32; bk = 16; tm = 4; tn = 4; }
   p.bm = bm; p.bn = bn; p.bk = bk;
-  p.spec = {bm, bn, bk, tm, tn, (bm / tm) * (bn / tn)};
+  p.spec = {(bm / tm) * (bn / tn), bm, bn, bk, tm, tn};
   return p;
 }
 
@@ -135,7 +135,7 @@ Plan coopmat_plan(char tile) {
   return p;
 }
 
-uint64_t ceil_div(uint64_t a, uint64_t b) { return (a + b - 1) / b; }
+uint64_t div_up(uint64_t a, uint64_t b) { return (a + b - 1) / b; }
 
 // Chooses tile and split-K with a crude model: time ~ waves * tile area * K per split / tile efficiency,
 // where a wave is `slots` workgroups running at once (132 SMs on an H100; a few on a CPU device).
@@ -148,15 +148,15 @@ void choose_tile_and_split(Plan& p, bool coopmat, const MatmulOptions& opt, uint
   for (int t = 0; t < 3; ++t) {
     if (opt.tile && opt.tile != tiles[t]) continue;
     Plan q = coopmat ? coopmat_plan(tiles[t]) : scalar_plan(tiles[t]);
-    uint64_t groups = ceil_div(M, q.bm) * ceil_div(N, q.bn) * batch;
+    uint64_t groups = div_up(M, q.bm) * div_up(N, q.bn) * batch;
     uint64_t max_split = std::max<uint64_t>(1, std::min<uint64_t>(16, K / 256));  // >= 256 of K per split
     if (opt.splitk) max_split = std::min<uint64_t>(16, uint64_t(opt.splitk));
     if (!allow_split) max_split = 1;
     for (uint64_t s = 1; s <= max_split; ++s) {
       if (opt.splitk && allow_split && uint64_t(opt.splitk) != s) continue;
       if (groups * s > kMaxGroupsZ * 64) continue;
-      uint64_t kper = ceil_div(ceil_div(K, s), q.bk) * q.bk;
-      double waves = double(ceil_div(groups * s, slots));
+      uint64_t kper = div_up(div_up(K, s), q.bk) * q.bk;
+      double waves = double(div_up(groups * s, slots));
       double cost = waves * double(q.bm) * double(q.bn) * double(kper) / (coopmat ? eff_cm[t] : eff_sc[t]);
       if (s > 1) cost += double(M * N * batch) * double(s + 2) * 2.0;  // partials written, read, output
       if (first || cost < best * 0.97) {  // prefer bigger tiles and no split on near-ties
@@ -209,7 +209,7 @@ void Matmul::eval_vulkan(const std::vector<Tensor>& in, std::vector<Tensor>& out
   }
   if (!feat.storage_16bit)
     throw DeviceError("matmul: " + ctx.name() + " lacks storageBuffer16BitAccess, which the matmul kernels need");
-  for (const Tensor* t : {&a, &b, &c})
+  for (const Tensor* t : {&a, &b, static_cast<const Tensor*>(&c)})
     if (t->buffer()->bytes() > (uint64_t(1) << 32) - 1)
       throw DeviceError("matmul: tensor of " + std::to_string(t->buffer()->bytes()) +
                         " bytes exceeds the 4 GiB a kernel can address (" + to_string(t->shape()) + ")");
@@ -261,8 +261,8 @@ void Matmul::eval_vulkan(const std::vector<Tensor>& in, std::vector<Tensor>& out
   Plan plan;
   choose_tile_and_split(plan, use_cm, opt, M, N, K, nbatch, slots, allow_split);
   uint32_t nsplit = plan.nsplit;
-  uint64_t k_split = ceil_div(ceil_div(K, nsplit), plan.bk) * plan.bk;
-  nsplit = uint32_t(ceil_div(K, k_split));  // no empty splits
+  uint64_t k_split = div_up(div_up(K, nsplit), plan.bk) * plan.bk;
+  nsplit = uint32_t(div_up(K, k_split));  // no empty splits
 
   std::string kernel = use_cm ? std::string("matmul_cm_") + plan.tile + "_" + (ta ? 't' : 'n') + (tb ? 't' : 'n')
                               : std::string("matmul");
@@ -290,7 +290,7 @@ void Matmul::eval_vulkan(const std::vector<Tensor>& in, std::vector<Tensor>& out
   uint64_t d0_chunk = std::max<uint64_t>(1, kMaxGroupsZ / (uint64_t(d1.size) * nsplit));
 
   auto aligned = [](int64_t v, int64_t al) { return v % al == 0; };
-  const uint32_t gx = uint32_t(ceil_div(N, plan.bn)), gy = uint32_t(ceil_div(M, plan.bm));
+  const uint32_t gx = uint32_t(div_up(N, plan.bn)), gy = uint32_t(div_up(M, plan.bm));
   if (gy > 65535) throw ShapeError("matmul: M = " + std::to_string(M) + " is too large for one dispatch");
   std::vector<Binding> bindings{{a.buffer(), false}, {b.buffer(), false}, {dst.buffer(), true}};
 
@@ -335,10 +335,10 @@ void Matmul::eval_vulkan(const std::vector<Tensor>& in, std::vector<Tensor>& out
     s.nsplit = nsplit;
     s.out_off = uint32_t(c.offset());
     s.out_dtype = dtype_code(c.dtype());
-    uint64_t groups = ceil_div(s.count, 256);
+    uint64_t groups = div_up(s.count, 256);
     s.groups_x = uint32_t(std::min<uint64_t>(groups, 65535));
     ctx.dispatch("matmul_splitk", {{dst.buffer(), false}, {c.buffer(), true}}, s,
-                 Groups{s.groups_x, uint32_t(ceil_div(groups, s.groups_x)), 1});
+                 Groups{s.groups_x, uint32_t(div_up(groups, s.groups_x)), 1});
   }
 }
 

@@ -1,0 +1,48 @@
+// TEMPORARY (branch vkmm): stand-ins for symbols that other branches define, so that test_vulkan and the
+// lmtune binary link here. The merger deletes this file. Every stand-in fails loudly.
+#include "core/error.h"
+#include "core/ops.h"
+#include "core/ops/elementwise.h"
+#include "core/ops/matmul.h"
+#include "core/ops/reduce.h"
+#include "core/ops/view.h"
+
+namespace lmtune {
+
+void Matmul::eval_cpu(const std::vector<Tensor>&, std::vector<Tensor>&) {
+  throw DeviceError("matmul: the CPU kernel is on branch ops");
+}
+std::vector<Tensor> Matmul::vjp(const Node&, const std::vector<Tensor>&, const std::vector<bool>&) {
+  throw AutodiffError("matmul: vjp is on branch ops");
+}
+std::vector<Tensor> Matmul::jvp(const Node&, const std::vector<Tensor>&) {
+  throw AutodiffError("matmul: jvp is on branch ops");
+}
+
+// Vulkan kernels of other op families (branch vk and later ones).
+#define LMTUNE_PENDING_VK(Prim)                                                       \
+  void Prim::eval_vulkan(const std::vector<Tensor>&, std::vector<Tensor>&) {          \
+    throw DeviceError(std::string(name()) + ": no Vulkan kernel on branch vkmm yet"); \
+  }
+LMTUNE_PENDING_VK(Unary)
+LMTUNE_PENDING_VK(Binary)
+LMTUNE_PENDING_VK(Where)
+LMTUNE_PENDING_VK(Reduce)
+LMTUNE_PENDING_VK(TopK)
+LMTUNE_PENDING_VK(Copy)
+#undef LMTUNE_PENDING_VK
+
+namespace ops {
+// Minimal op function: shapes only (the real one, on branch ops, also checks dtypes and layouts).
+Tensor matmul(const Tensor& a, const Tensor& b) {
+  if (a.ndim() < 2 || b.ndim() < 2 || a.dim(-1) != b.dim(-2))
+    throw ShapeError("matmul: " + to_string(a.shape()) + " x " + to_string(b.shape()));
+  Shape batch = broadcast_shapes(Shape(a.shape().begin(), a.shape().end() - 2),
+                                 Shape(b.shape().begin(), b.shape().end() - 2), "matmul");
+  batch.push_back(a.dim(-2));
+  batch.push_back(b.dim(-1));
+  return apply1(std::make_shared<Matmul>(), {a, b}, {batch, a.dtype()});
+}
+}  // namespace ops
+
+}  // namespace lmtune
