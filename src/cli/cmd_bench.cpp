@@ -208,7 +208,7 @@ void print_result(const Result& r, const BenchOptions& o, const std::string& dev
   } else if (!r.error.empty()) {
     std::printf("%-14s %-22s %-5s  n/a: %s\n", r.op.c_str(), r.shape.c_str(), r.dtype.c_str(), r.error.c_str());
   } else {
-    std::printf("%-14s %-22s %-5s %10.3f ms %9.2f %-7s %s\n", r.op.c_str(), r.shape.c_str(), r.dtype.c_str(), r.ms,
+    std::printf("%-14s %-22s %-5s %10.3f ms %9.4g %-7s %s\n", r.op.c_str(), r.shape.c_str(), r.dtype.c_str(), r.ms,
                 r.rate, r.flops ? "TFLOP/s" : "GB/s", r.kernel.c_str());
   }
   std::fflush(stdout);

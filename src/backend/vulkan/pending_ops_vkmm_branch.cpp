@@ -43,6 +43,8 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
   batch.push_back(b.dim(-1));
   return apply1(std::make_shared<Matmul>(), {a, b}, {batch, a.dtype()});
 }
+Tensor rms_norm(const Tensor&, const Tensor&, float) { throw DeviceError("rms_norm: on branch ops"); }
+Tensor softmax(const Tensor&, int) { throw DeviceError("softmax: on branch ops"); }
 }  // namespace ops
 
 }  // namespace lmtune
