@@ -2,10 +2,7 @@
 // lmtune binary link here. The merger deletes this file. Every stand-in fails loudly.
 #include "core/error.h"
 #include "core/ops.h"
-#include "core/ops/elementwise.h"
 #include "core/ops/matmul.h"
-#include "core/ops/reduce.h"
-#include "core/ops/view.h"
 
 namespace lmtune {
 
@@ -18,19 +15,6 @@ std::vector<Tensor> Matmul::vjp(const Node&, const std::vector<Tensor>&, const s
 std::vector<Tensor> Matmul::jvp(const Node&, const std::vector<Tensor>&) {
   throw AutodiffError("matmul: jvp is on branch ops");
 }
-
-// Vulkan kernels of other op families (branch vk and later ones).
-#define LMTUNE_PENDING_VK(Prim)                                                       \
-  void Prim::eval_vulkan(const std::vector<Tensor>&, std::vector<Tensor>&) {          \
-    throw DeviceError(std::string(name()) + ": no Vulkan kernel on branch vkmm yet"); \
-  }
-LMTUNE_PENDING_VK(Unary)
-LMTUNE_PENDING_VK(Binary)
-LMTUNE_PENDING_VK(Where)
-LMTUNE_PENDING_VK(Reduce)
-LMTUNE_PENDING_VK(TopK)
-LMTUNE_PENDING_VK(Copy)
-#undef LMTUNE_PENDING_VK
 
 namespace ops {
 // Minimal op function: shapes only (the real one, on branch ops, also checks dtypes and layouts).

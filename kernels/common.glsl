@@ -1,0 +1,103 @@
+// Shared kernel helpers: element types (codes match lmtune::DType: 0 f32, 1 f16, 2 bf16, 3 i32), conversions that
+// round like the CPU backend (round-to-nearest-even for f16/bf16), and TENSOR(binding, name), which declares a
+// storage buffer and the functions name_ld(dtype, i) / name_st(dtype, i, v) (as float) and name_bits /
+// name_setbits (raw element bits) for element index i. Built with -DPACKED16 for devices without 16-bit storage:
+// 16-bit elements are then read from uint32 words and written with two atomics on the word (only our half changes).
+#ifndef LMTUNE_COMMON_GLSL
+#define LMTUNE_COMMON_GLSL
+
+#ifndef PACKED16
+#extension GL_EXT_shader_16bit_storage : require
+#extension GL_EXT_shader_explicit_arithmetic_types_int16 : require
+#endif
+
+#define DT_F32 0u
+#define DT_F16 1u
+#define DT_BF16 2u
+#define DT_I32 3u
+
+bool is16(uint dt) { return dt == DT_F16 || dt == DT_BF16; }
+
+float f16_to_f32(uint h) { return unpackHalf2x16(h).x; }
+
+// Port of lmtune::f32_to_f16 (core/dtype.cpp): exact round-to-nearest-even, subnormals, overflow to inf.
+uint f32_to_f16(float f) {
+  uint x = floatBitsToUint(f);
+  uint sgn = (x >> 16) & 0x8000u;
+  uint absx = x & 0x7fffffffu;
+  if (absx > 0x7f800000u) return sgn | 0x7e00u;
+  if (absx >= 0x477ff000u) return sgn | 0x7c00u;
+  if (absx < 0x38800000u) {
+    if (absx < 0x33000000u) return sgn;
+    uint mant = (absx & 0x7fffffu) | 0x800000u;
+    uint shift = 126u - (absx >> 23);  // value = mant * 2^(e - 126) units of 2^-24
+    uint h = mant >> shift;
+    uint rem = mant & ((1u << shift) - 1u);
+    uint mid = 1u << (shift - 1u);
+    if (rem > mid || (rem == mid && (h & 1u) != 0u)) h++;
+    return sgn | h;
+  }
+  uint r = absx - 0x38000000u;
+  uint h = r >> 13;
+  uint rem = r & 0x1fffu;
+  if (rem > 0x1000u || (rem == 0x1000u && (h & 1u) != 0u)) h++;
+  return sgn | h;
+}
+
+float bf16_to_f32(uint h) { return uintBitsToFloat(h << 16); }
+
+uint f32_to_bf16(float f) {
+  uint u = floatBitsToUint(f);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return (u >> 16) | 0x40u;
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return u >> 16;
+}
+
+float decode(uint dt, uint bits) {
+  if (dt == DT_F32) return uintBitsToFloat(bits);
+  if (dt == DT_F16) return f16_to_f32(bits);
+  if (dt == DT_BF16) return bf16_to_f32(bits);
+  return float(int(bits));
+}
+
+uint encode(uint dt, float v) {
+  if (dt == DT_F32) return floatBitsToUint(v);
+  if (dt == DT_F16) return f32_to_f16(v);
+  if (dt == DT_BF16) return f32_to_bf16(v);
+  return uint(int(v));
+}
+
+#ifdef PACKED16
+#define TENSOR(B, T)                                                                             \
+  layout(std430, set = 0, binding = B) buffer T##_buf32 { uint T##_w[]; };                       \
+  uint T##_bits(uint dt, uint i) {                                                               \
+    if (!is16(dt)) return T##_w[i];                                                              \
+    uint w = T##_w[i >> 1];                                                                      \
+    return (i & 1u) != 0u ? (w >> 16) : (w & 0xffffu);                                           \
+  }                                                                                              \
+  void T##_setbits(uint dt, uint i, uint v) {                                                    \
+    if (!is16(dt)) { T##_w[i] = v; return; }                                                     \
+    uint sh = (i & 1u) * 16u;                                                                    \
+    atomicAnd(T##_w[i >> 1], ~(0xffffu << sh));                                                  \
+    atomicOr(T##_w[i >> 1], (v & 0xffffu) << sh);                                                \
+  }                                                                                              \
+  float T##_ld(uint dt, uint i) { return decode(dt, T##_bits(dt, i)); }                          \
+  void T##_st(uint dt, uint i, float v) { T##_setbits(dt, i, encode(dt, v)); }
+#else
+#define TENSOR(B, T)                                                                             \
+  layout(std430, set = 0, binding = B) buffer T##_buf32 { uint T##_w[]; };                       \
+  layout(std430, set = 0, binding = B) buffer T##_buf16 { uint16_t T##_h[]; };                   \
+  uint T##_bits(uint dt, uint i) { return is16(dt) ? uint(T##_h[i]) : T##_w[i]; }                \
+  void T##_setbits(uint dt, uint i, uint v) {                                                    \
+    if (is16(dt)) T##_h[i] = uint16_t(v); else T##_w[i] = v;                                     \
+  }                                                                                              \
+  float T##_ld(uint dt, uint i) { return decode(dt, T##_bits(dt, i)); }                          \
+  void T##_st(uint dt, uint i, float v) { T##_setbits(dt, i, encode(dt, v)); }
+#endif
+
+// f32-only access (indices, statistics): name_w[i] through the uint view.
+#define LD_F32(T, i) uintBitsToFloat(T##_w[i])
+#define ST_F32(T, i, v) T##_w[i] = floatBitsToUint(v)
+#define LD_I32(T, i) int(T##_w[i])
+
+#endif

@@ -1,0 +1,123 @@
+// Vulkan kernels for the elementwise primitives (unary, binary, where) and the strided elementwise launcher that
+// copy.cpp shares. Kernel: kernels/elementwise.comp.
+#include <algorithm>
+
+#include "backend/vulkan/kernel_util.h"
+#include "core/error.h"
+#include "core/ops/elementwise.h"
+
+namespace lmtune::vk {
+
+uint32_t u32(int64_t v, const char* what) {
+  if (v < 0 || v > int64_t(UINT32_MAX))
+    throw ShapeError(std::string("vulkan: ") + what + " " + std::to_string(v) + " does not fit the kernels' 32-bit indices");
+  return uint32_t(v);
+}
+
+void collapse_dims(Shape& shape, std::vector<Strides>& strides) {
+  Shape s;
+  std::vector<Strides> st(strides.size());
+  for (size_t d = 0; d < shape.size(); ++d) {
+    if (shape[d] == 1) continue;
+    bool merge = !s.empty();
+    for (size_t t = 0; t < strides.size() && merge; ++t) merge = st[t].back() == strides[t][d] * shape[d];
+    if (merge) {
+      s.back() *= shape[d];
+      for (size_t t = 0; t < strides.size(); ++t) st[t].back() = strides[t][d];
+    } else {
+      s.push_back(shape[d]);
+      for (size_t t = 0; t < strides.size(); ++t) st[t].push_back(strides[t][d]);
+    }
+  }
+  shape = std::move(s);
+  strides = std::move(st);
+}
+
+namespace {
+
+constexpr uint32_t kGroup = 256;
+
+void launch(Context& ctx, const std::string& kernel, const std::vector<Tensor>& tensors, const Shape& shape,
+            const std::vector<Strides>& strides, std::vector<int64_t> offsets, uint32_t op, float param) {
+  size_t nd = shape.size();
+  if (nd > 4) {  // rare after collapsing: one launch per index of the outermost dim
+    Shape inner(shape.begin() + 1, shape.end());
+    std::vector<Strides> st(strides.size());
+    for (size_t t = 0; t < strides.size(); ++t) st[t] = Strides(strides[t].begin() + 1, strides[t].end());
+    for (int64_t i = 0; i < shape[0]; ++i) {
+      std::vector<int64_t> off = offsets;
+      for (size_t t = 0; t < off.size(); ++t) off[t] += i * strides[t][0];
+      launch(ctx, kernel, tensors, inner, st, off, op, param);
+    }
+    return;
+  }
+  ElementwisePush p{};
+  p.n = u32(numel(shape), "element count");
+  bool contiguous = nd <= 1;
+  for (size_t t = 0; t < strides.size() && contiguous; ++t) contiguous = nd == 0 || strides[t][0] == 1;
+  p.contiguous = contiguous;
+  for (size_t d = 0; d < 4; ++d) p.shape[d] = d + nd >= 4 ? u32(shape[d + nd - 4], "dimension") : 1;
+  for (size_t t = 0; t < tensors.size(); ++t) {
+    for (size_t d = 0; d < 4; ++d)
+      p.strides[4 * t + d] = d + nd >= 4 ? u32(strides[t][d + nd - 4], "stride") : 0;
+    p.offsets[t] = u32(offsets[t], "tensor offset");
+    p.dtypes |= uint32_t(tensors[t].dtype()) << (4 * t);
+  }
+  p.op = op;
+  p.param = param;
+  std::vector<Binding> b;
+  for (size_t t = 0; t < tensors.size(); ++t)
+    b.push_back(t + 1 == tensors.size() ? out(tensors[t]) : in(tensors[t]));
+  ctx.dispatch(variant(ctx, kernel), b, p, groups_1d(p.n, kGroup), {kGroup});
+}
+
+}  // namespace
+
+void run_elementwise(const std::string& kernel, const std::vector<Tensor>& tensors, uint32_t op, float param) {
+  const Tensor& y = tensors.back();
+  if (y.numel() == 0) return;
+  Shape shape = y.shape();
+  std::vector<Strides> strides;
+  std::vector<int64_t> offsets;
+  for (const Tensor& t : tensors) {
+    Tensor v = broadcast_view(t, shape);
+    strides.push_back(v.strides());
+    offsets.push_back(v.offset());
+  }
+  collapse_dims(shape, strides);
+  launch(context_for(y.device()), kernel, tensors, shape, strides, offsets, op, param);
+}
+
+}  // namespace lmtune::vk
+
+namespace lmtune {
+
+void Unary::eval_vulkan(const std::vector<Tensor>& in, std::vector<Tensor>& out) {
+  vk::run_elementwise("unary", {in[0], out[0]}, uint32_t(op), param);
+}
+
+void Binary::eval_vulkan(const std::vector<Tensor>& in, std::vector<Tensor>& out) {
+  vk::run_elementwise("binary", {in[0], in[1], out[0]}, uint32_t(op), 0);
+}
+
+void Where::eval_vulkan(const std::vector<Tensor>& in, std::vector<Tensor>& out) {
+  vk::run_elementwise("where", {in[0], in[1], in[2], out[0]}, 0, 0);
+}
+
+}  // namespace lmtune
+
+namespace lmtune::vk {
+
+bool make_rows(Shape shape, std::vector<Strides> strides, Rows& rows) {
+  rows.count = u32(numel(shape), "row count");
+  collapse_dims(shape, strides);
+  size_t nd = shape.size();
+  if (nd > 3) return false;
+  for (size_t d = 0; d < nd; ++d) {
+    rows.shape[3 - nd + d] = u32(shape[d], "dimension");
+    for (size_t t = 0; t < strides.size() && t < 2; ++t) rows.strides[t][3 - nd + d] = u32(strides[t][d], "stride");
+  }
+  return true;
+}
+
+}  // namespace lmtune::vk

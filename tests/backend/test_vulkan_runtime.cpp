@@ -1,0 +1,138 @@
+// The Vulkan runtime: device listing, the block allocator, batching and barriers in the recorder, profiling.
+#include <gtest/gtest.h>
+
+#include "backend/vulkan/allocator.h"
+#include "backend/vulkan/context.h"
+#include "backend/vulkan/recorder.h"
+#include "backend/vulkan/vulkan_backend.h"
+#include "core/error.h"
+#include "core/ops.h"
+#include "vk_test_util.h"
+
+namespace lmtune {
+namespace {
+
+using test::gpu;
+
+TEST(VulkanRuntime, ListsDevices) {
+  REQUIRE_VULKAN();
+  auto devs = vk::list_devices();
+  ASSERT_FALSE(devs.empty());
+  for (const auto& d : devs) {
+    EXPECT_FALSE(d.name.empty());
+    EXPECT_FALSE(d.type.empty());
+    EXPECT_GT(d.memory_bytes, 0u);
+    EXPECT_GT(d.subgroup_size, 0u);
+    EXPECT_FALSE(d.driver.empty());
+  }
+  vk::Context& ctx = vk::context_for(gpu());
+  EXPECT_NE(ctx.device(), VK_NULL_HANDLE);
+  EXPECT_EQ(ctx.features().subgroup_size, devs[0].subgroup_size);
+}
+
+TEST(VulkanRuntime, AllocatorSubAllocatesAndReuses) {
+  REQUIRE_VULKAN();
+  vk::Context& ctx = vk::context_for(gpu());
+  Backend& be = backend(gpu());
+  be.synchronize();
+  size_t blocks0 = ctx.allocator().block_count();
+  size_t used0 = be.bytes_in_use();
+  std::vector<std::shared_ptr<Buffer>> bufs;
+  for (int i = 0; i < 64; ++i) bufs.push_back(be.allocate(1000 + size_t(i)));
+  // 64 small tensors share blocks: at most one new block.
+  EXPECT_LE(ctx.allocator().block_count(), blocks0 + 1);
+  EXPECT_EQ(be.bytes_in_use(), used0 + 64 * 1000 + 63 * 64 / 2);
+  std::set<std::pair<VkBuffer, VkDeviceSize>> ranges;
+  for (auto& b : bufs) {
+    auto& a = static_cast<vk::DeviceBuffer&>(*b).allocation();
+    EXPECT_EQ(a.offset % 256, 0u);
+    EXPECT_TRUE(ranges.insert({a.buffer, a.offset}).second);
+  }
+  auto first = static_cast<vk::DeviceBuffer&>(*bufs[0]).allocation();
+  bufs.clear();
+  be.synchronize();
+  EXPECT_EQ(be.bytes_in_use(), used0);
+  auto again = be.allocate(1000);
+  auto& a = static_cast<vk::DeviceBuffer&>(*again).allocation();
+  EXPECT_EQ(a.buffer, first.buffer);  // the freed range (coalesced) is reused
+  EXPECT_GE(be.peak_bytes(), used0 + 64 * 1000);
+  be.reset_peak();
+  EXPECT_EQ(be.peak_bytes(), be.bytes_in_use());
+}
+
+TEST(VulkanRuntime, OutOfMemoryNamesSizes) {
+  REQUIRE_VULKAN();
+  Backend& be = backend(gpu());
+  try {
+    be.allocate(size_t(1) << 40);
+    FAIL() << "1 TiB allocation succeeded";
+  } catch (const OutOfMemoryError& e) {
+    std::string m = e.what();
+    EXPECT_NE(m.find("1024.00 GiB"), std::string::npos) << m;
+    EXPECT_NE(m.find("in use"), std::string::npos) << m;
+    EXPECT_NE(m.find("available"), std::string::npos) << m;
+  }
+  // The device still works afterwards.
+  auto t = Tensor::from_floats({1, 2, 3}, {3}, DType::f32, gpu());
+  EXPECT_EQ(t.to_floats(), (std::vector<float>{1, 2, 3}));
+}
+
+TEST(VulkanRuntime, WriteReadRoundTrip) {
+  REQUIRE_VULKAN();
+  for (int64_t n : {1, 7, 33, 257, 1031, 300000}) {
+    auto h = Tensor::randn({n}, 11, 1.0f, DType::f32, Device::cpu()).to_floats();
+    auto t = Tensor::from_floats(h, {n}, DType::f32, gpu());
+    EXPECT_EQ(t.to_floats(), h);
+  }
+}
+
+TEST(VulkanRuntime, BatchesManyDispatchesAndOrdersThem) {
+  REQUIRE_VULKAN();
+  vk::Context& ctx = vk::context_for(gpu());
+  ctx.synchronize();
+  uint64_t subs0 = ctx.recorder().submissions();
+  auto x = Tensor::full({1031}, 0.0f, DType::f32, gpu());
+  // A chain of 600 dependent dispatches (each reads the previous result), then one read.
+  for (int i = 0; i < 600; ++i) x = ops::add_scalar(x, 1.0f);
+  uint64_t subs_mid = ctx.recorder().submissions();
+  auto v = x.to_floats();
+  for (float f : v) ASSERT_EQ(f, 600.0f);
+  uint64_t subs = ctx.recorder().submissions() - subs0;
+  EXPECT_GE(subs, 2u);   // bounded work per submit (256 dispatches)
+  EXPECT_LE(subs, 5u);   // but batched, not one submit per dispatch
+  EXPECT_LE(subs_mid - subs0, 3u);
+}
+
+TEST(VulkanRuntime, WriteAfterKernelsIsOrdered) {
+  REQUIRE_VULKAN();
+  auto x = Tensor::full({257}, 1.0f, DType::f32, gpu());
+  auto y = ops::scale(x, 3.0f);  // queued: reads x
+  std::vector<float> ones(257, 5.0f);
+  backend(gpu()).write(*x.buffer(), 0, ones.data(), ones.size() * 4);  // must not affect y
+  auto z = ops::scale(x, 2.0f);
+  for (float f : y.to_floats()) ASSERT_EQ(f, 3.0f);
+  for (float f : z.to_floats()) ASSERT_EQ(f, 10.0f);
+}
+
+TEST(VulkanRuntime, ProfilingCountsKernels) {
+  REQUIRE_VULKAN();
+  vk::Context& ctx = vk::context_for(gpu());
+  if (!ctx.features().timestamps) GTEST_SKIP() << "no timestamps";
+  ctx.synchronize();
+  vk::reset_profile();
+  vk::set_profiling(true);
+  auto x = Tensor::randn({4096}, 1, 1.0f, DType::f32, gpu());
+  for (int i = 0; i < 5; ++i) x = ops::exp(ops::scale(x, 0.1f));
+  std::string report = vk::profile_report();
+  vk::set_profiling(false);
+  auto stats = vk::profile_stats();
+  uint64_t calls = 0;
+  for (auto& [name, s] : stats)
+    if (name.rfind("unary", 0) == 0) calls += s.calls;  // "unary" or its _packed16 fallback
+  EXPECT_EQ(calls, 10u) << report;
+  EXPECT_NE(report.find("unary"), std::string::npos);
+  EXPECT_NE(report.find("mean us"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace lmtune
