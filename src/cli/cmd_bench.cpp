@@ -59,15 +59,19 @@ double time_op(const std::function<Tensor()>& fn, Device dev, int reps) {
   bool gpu_timer = dev.is_vulkan() && vk::context_for(dev).features().timestamps;
   bool was_profiling = vk::profiling();
   if (gpu_timer) vk::set_profiling(true);
+  // GPU time of one call: growth of the profiler's total (no reset, so --profile keeps its full table).
+  auto total_ns = [] {
+    double ns = 0;
+    for (const auto& [kernel, stats] : vk::profile_stats()) ns += stats.ns;
+    return ns;
+  };
   std::vector<double> ms;
   for (int r = 0; r < reps; ++r) {
     if (gpu_timer) {
-      vk::reset_profile();
+      double before = total_ns();
       fn();
       be.synchronize();
-      double ns = 0;
-      for (const auto& [kernel, stats] : vk::profile_stats()) ns += stats.ns;
-      ms.push_back(ns * 1e-6);
+      ms.push_back((total_ns() - before) * 1e-6);
     } else {
       auto t = Clock::now();
       fn();
@@ -249,7 +253,7 @@ void run_bench_ops(const std::string& device_opt, const BenchOptions& o) {
     if (!selected(o, "matmul")) break;
     Result fail;
     fail.op = "matmul";
-    fail.shape = std::to_string(s.M) + "x" + std::to_string(s.N) + "x" + std::to_string(s.K);
+    fail.shape = std::to_string(s.M) + "x" + std::to_string(s.N) + "x" + std::to_string(s.K) + (s.b_transposed ? " nt" : " nn");
     fail.dtype = std::string(dtype_name(s.dtype));
     run([&] { return bench_matmul(s, dev, o.reps); }, fail);
   }
