@@ -12,7 +12,6 @@
 // Edges (M, N, K not multiples of the tile) are zero-filled when staging and masked when storing.
 #extension GL_EXT_control_flow_attributes : enable
 #extension GL_EXT_shader_16bit_storage : require
-#extension GL_EXT_shader_explicit_arithmetic_types_int16 : require
 
 #include "matmul_common.glsl"
 

@@ -2,7 +2,6 @@
 // Second pass of split-K matmul: out[i] = sum over s of part[s * count + i], converted to out's dtype.
 // `part` is the f32 workspace written by matmul.comp / matmul_coopmat.comp with nsplit > 1.
 #extension GL_EXT_shader_16bit_storage : require
-#extension GL_EXT_shader_explicit_arithmetic_types_int16 : require
 
 #define MATMUL_NO_PARAMS
 #include "matmul_common.glsl"
