@@ -8,6 +8,7 @@ namespace lmtune::cli {
 void add_commands(CLI::App& app, const std::string& device) {
   add_info_command(app, device);
   add_tokenize_command(app);
+  add_bench_command(app, device);
 }
 
 }  // namespace lmtune::cli

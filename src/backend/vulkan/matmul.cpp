@@ -1,0 +1,348 @@
+// Matmul on Vulkan: picks the cooperative-matrix kernel (f16 tensor cores) where the device has
+// VK_NV_cooperative_matrix, else the tiled scalar kernel, chooses a tile and split-K from the problem shape,
+// folds batch dims into at most two (broadcast = stride 0) and records the dispatches.
+#include "backend/vulkan/matmul.h"
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+
+#include <spdlog/spdlog.h>
+
+#include "backend/vulkan/dispatch.h"
+#include "core/error.h"
+#include "core/ops/matmul.h"
+
+namespace lmtune {
+namespace vk {
+namespace {
+
+// Mirrors MatmulParams in kernels/matmul_common.glsl.
+struct MatmulParams {
+  uint32_t M, N, K;
+  uint32_t a_off, a_rs, a_cs, a_bs0, a_bs1;
+  uint32_t b_off, b_rs, b_cs, b_bs0, b_bs1;
+  uint32_t c_off;
+  uint32_t nb1;
+  uint32_t dtypes;
+  uint32_t k_split;
+  uint32_t nsplit;
+  uint32_t flags;
+};
+static_assert(sizeof(MatmulParams) == 19 * 4);
+constexpr uint32_t kFlagAVec = 1, kFlagBVec = 2, kFlagCVec = 4;
+
+struct SplitKParams {
+  uint32_t count, nsplit, out_off, out_dtype, groups_x;
+};
+
+constexpr uint32_t kMaxGroupsZ = 65535;
+
+uint32_t dtype_code(DType t) {
+  switch (t) {
+    case DType::f32: return 0;
+    case DType::f16: return 1;
+    case DType::bf16: return 2;
+    default: throw ShapeError("matmul: unsupported dtype " + std::string(dtype_name(t)) + " on Vulkan");
+  }
+}
+
+MatmulOptions options_from_env() {
+  MatmulOptions o;
+  auto env = [](const char* name) -> std::string {
+    const char* v = std::getenv(name);
+    return v ? v : "";
+  };
+  std::string k = env("LMTUNE_MATMUL_KERNEL");
+  if (k == "scalar") o.kernel = MatmulKernel::scalar;
+  else if (k == "coopmat") o.kernel = MatmulKernel::coopmat;
+  else if (!k.empty() && k != "auto") throw ConfigError("LMTUNE_MATMUL_KERNEL='" + k + "' (expected scalar, coopmat or auto)");
+  std::string no = env("LMTUNE_NO_COOPMAT");
+  if (!no.empty() && no != "0") o.kernel = MatmulKernel::scalar;
+  o.f32_exact = env("LMTUNE_MATMUL_F32") == "exact";
+  if (std::string s = env("LMTUNE_MATMUL_SPLITK"); !s.empty()) o.splitk = std::max(0, std::atoi(s.c_str()));
+  if (std::string t = env("LMTUNE_MATMUL_TILE"); t == "l" || t == "m" || t == "s") o.tile = t[0];
+  return o;
+}
+
+std::mutex g_last_mu;
+std::string g_last;
+
+// One batch dim after folding: size and the element strides of A and B (C is contiguous).
+struct BatchDim {
+  int64_t size, sa, sb;
+};
+
+// Output batch dims with A's and B's strides (0 where broadcast), size-1 dims dropped and adjacent dims merged
+// where both operands allow it. Outermost first.
+std::vector<BatchDim> fold_batch(const Tensor& a, const Tensor& b, const Tensor& c) {
+  std::vector<BatchDim> dims;
+  int nb = c.ndim() - 2;
+  for (int i = 0; i < nb; ++i) {
+    int64_t size = c.shape()[size_t(i)];
+    if (size == 1) continue;
+    auto stride_of = [&](const Tensor& t) -> int64_t {
+      int j = i - (nb - (t.ndim() - 2));  // right-aligned broadcast
+      if (j < 0 || t.shape()[size_t(j)] == 1) return 0;
+      return t.strides()[size_t(j)];
+    };
+    dims.push_back({size, stride_of(a), stride_of(b)});
+  }
+  std::vector<BatchDim> merged;
+  for (const auto& d : dims) {
+    if (!merged.empty()) {
+      auto& p = merged.back();
+      if (p.sa == d.sa * d.size && p.sb == d.sb * d.size) {
+        p = {p.size * d.size, d.sa, d.sb};
+        continue;
+      }
+    }
+    merged.push_back(d);
+  }
+  return merged;
+}
+
+struct Plan {
+  bool coopmat = false;
+  char tile = 'l';
+  uint32_t bm = 0, bn = 0, bk = 0;
+  std::vector<uint32_t> spec;  // scalar kernel: NT (workgroup size), BM, BN, BK, TM, TN
+  uint32_t nsplit = 1;
+};
+
+// Scalar tiles: (BM, BN, BK, TM, TN). NT = (BM/TM)(BN/TN); BM*BK and BK*BN are multiples of NT.
+Plan scalar_plan(char tile) {
+  Plan p;
+  p.tile = tile;
+  uint32_t bm, bn, bk, tm, tn;
+  if (tile == 'l') { bm = 128; bn = 128; bk = 8; tm = 8; tn = 8; }
+  else if (tile == 'm') { bm = 64; bn = 64; bk = 16; tm = 4; tn = 4; }
+  else { bm = 32; bn = 32; bk = 16; tm = 4; tn = 4; }
+  p.bm = bm; p.bn = bn; p.bk = bk;
+  p.spec = {(bm / tm) * (bn / tn), bm, bn, bk, tm, tn};
+  return p;
+}
+
+Plan coopmat_plan(char tile) {
+  Plan p;
+  p.coopmat = true;
+  p.tile = tile;
+  p.bk = 32;
+  if (tile == 'l') { p.bm = 128; p.bn = 256; }
+  else if (tile == 'm') { p.bm = 128; p.bn = 128; }
+  else { p.bm = 64; p.bn = 64; }
+  return p;
+}
+
+uint64_t div_up(uint64_t a, uint64_t b) { return (a + b - 1) / b; }
+
+// Chooses tile and split-K with a crude model: time ~ waves * tile area * K per split / tile efficiency,
+// where a wave is `slots` workgroups running at once (132 SMs on an H100; 2 on a CPU device). On CPU devices
+// (lavapipe) big per-thread tiles win by far (512^3 f32: 49 ms at 128x128 vs 170 ms at 64x64).
+void choose_tile_and_split(Plan& p, bool coopmat, const MatmulOptions& opt, uint64_t M, uint64_t N, uint64_t K,
+                           uint64_t batch, bool cpu_device, bool allow_split) {
+  const char tiles[] = {'l', 'm', 's'};
+  const double eff_cm[] = {1.0, 0.9, 0.6}, eff_gpu[] = {1.0, 0.85, 0.6}, eff_cpu[] = {1.0, 0.3, 0.15};
+  const double* eff_sc = cpu_device ? eff_cpu : eff_gpu;
+  const uint64_t slots = cpu_device ? 2 : 132;
+  double best = 0;
+  bool first = true;
+  for (int t = 0; t < 3; ++t) {
+    if (opt.tile && opt.tile != tiles[t]) continue;
+    Plan q = coopmat ? coopmat_plan(tiles[t]) : scalar_plan(tiles[t]);
+    uint64_t groups = div_up(M, q.bm) * div_up(N, q.bn) * batch;
+    uint64_t max_split = std::max<uint64_t>(1, std::min<uint64_t>(16, K / 256));  // >= 256 of K per split
+    if (opt.splitk) max_split = std::min<uint64_t>(16, uint64_t(opt.splitk));
+    if (!allow_split) max_split = 1;
+    for (uint64_t s = 1; s <= max_split; ++s) {
+      if (opt.splitk && allow_split && uint64_t(opt.splitk) != s) continue;
+      if (groups * s > kMaxGroupsZ * 64) continue;
+      uint64_t kper = div_up(div_up(K, s), q.bk) * q.bk;
+      double waves = double(div_up(groups * s, slots));
+      double cost = waves * double(q.bm) * double(q.bn) * double(kper) / (coopmat ? eff_cm[t] : eff_sc[t]);
+      if (s > 1) cost += double(M * N * batch) * double(s + 2) * 2.0;  // partials written, read, output
+      if (first || cost < best * 0.97) {  // prefer bigger tiles and no split on near-ties
+        best = cost;
+        first = false;
+        q.nsplit = uint32_t(s);
+        p = q;
+      }
+    }
+  }
+}
+
+void log_once(std::once_flag& flag, const std::string& msg) {
+  std::call_once(flag, [&] { spdlog::info("{}", msg); });
+}
+
+}  // namespace
+
+MatmulOptions& matmul_options() {
+  static MatmulOptions o = options_from_env();
+  return o;
+}
+
+std::string last_matmul_kernel() {
+  std::lock_guard lock(g_last_mu);
+  return g_last;
+}
+
+bool coopmat_available(int index) {
+  const Features& f = context_for(Device::vulkan(index)).features();
+  return f.cooperative_matrix && f.storage_16bit && f.subgroup_size == 32;
+}
+
+}  // namespace vk
+
+void Matmul::eval_vulkan(const std::vector<Tensor>& in, std::vector<Tensor>& out) {
+  using namespace vk;
+  const Tensor& a = in[0];
+  const Tensor& b = in[1];
+  Tensor& c = out[0];
+  Context& ctx = context_for(c.device());
+  const Features& feat = ctx.features();
+  const MatmulOptions& opt = matmul_options();
+
+  const uint64_t M = uint64_t(c.dim(-2)), N = uint64_t(c.dim(-1)), K = uint64_t(a.dim(-1));
+  if (M == 0 || N == 0) return;
+  if (K == 0) {
+    ctx.fill_buffer({c.buffer(), true}, 0);
+    return;
+  }
+  if (!feat.storage_16bit)
+    throw DeviceError("matmul: " + ctx.name() + " lacks storageBuffer16BitAccess, which the matmul kernels need");
+  for (const Tensor* t : {&a, &b, static_cast<const Tensor*>(&c)})
+    if (t->buffer()->bytes() > (uint64_t(1) << 32) - 1)
+      throw DeviceError("matmul: tensor of " + std::to_string(t->buffer()->bytes()) +
+                        " bytes exceeds the 4 GiB a kernel can address (" + to_string(t->shape()) + ")");
+
+  std::vector<BatchDim> batch = fold_batch(a, b, c);
+  uint64_t nbatch = 1;
+  for (const auto& d : batch) nbatch *= uint64_t(d.size);
+
+  const int64_t a_rs = a.strides()[size_t(a.ndim() - 2)], a_cs = a.strides().back();
+  const int64_t b_rs = b.strides()[size_t(b.ndim() - 2)], b_cs = b.strides().back();
+  for (int64_t s : {a_rs, a_cs, b_rs, b_cs})
+    if (s < 0) throw ShapeError("matmul: negative strides reach the Vulkan kernel; make the operand contiguous");
+
+  // Kernel choice.
+  static std::once_flag no_cm_flag, f32_flag, layout_flag;
+  bool cm_device = feat.cooperative_matrix && feat.subgroup_size == 32;
+  bool ta = a_cs != 1 && a_rs == 1, tb = b_cs != 1 && b_rs == 1;
+  bool layout_ok = (a_cs == 1 || a_rs == 1) && (b_cs == 1 || b_rs == 1);
+  bool use_cm = false;
+  if (opt.kernel == MatmulKernel::coopmat) {
+    if (!cm_device)
+      throw DeviceError("matmul: the cooperative-matrix kernel was forced but " + ctx.name() +
+                        " has no VK_NV_cooperative_matrix f16 16x16x16 with subgroup size 32");
+    if (!layout_ok) throw ShapeError("matmul: coopmat kernel forced but an operand has no unit stride");
+    use_cm = true;
+  } else if (opt.kernel == MatmulKernel::automatic) {
+    bool f32_in = a.dtype() == DType::f32 || b.dtype() == DType::f32;
+    use_cm = cm_device && layout_ok && !(f32_in && opt.f32_exact);
+    if (!cm_device)
+      log_once(no_cm_flag, "matmul: " + ctx.name() + " has no cooperative matrices; using the scalar kernel");
+    else if (!layout_ok)
+      log_once(layout_flag, "matmul: an operand without a unit stride takes the scalar kernel (slow)");
+    else if (f32_in && opt.f32_exact)
+      log_once(f32_flag, "matmul: LMTUNE_MATMUL_F32=exact: f32 products take the scalar kernel");
+  }
+
+  // At most two batch dims go to the kernel; outer ones (rare) become separate dispatches, as do chunks of
+  // the outer kernel dim when the grid's z would pass 65535. Split-K needs everything in one dispatch.
+  BatchDim d0{1, 0, 0}, d1{1, 0, 0};
+  std::vector<BatchDim> outer;
+  if (batch.size() >= 1) d1 = batch.back();
+  if (batch.size() >= 2) d0 = batch[batch.size() - 2];
+  if (batch.size() > 2) outer.assign(batch.begin(), batch.end() - 2);
+  uint64_t n_outer = 1;
+  for (const auto& d : outer) n_outer *= uint64_t(d.size);
+  bool allow_split = n_outer == 1 && nbatch * 16 <= kMaxGroupsZ;
+
+  Plan plan;
+  choose_tile_and_split(plan, use_cm, opt, M, N, K, nbatch,
+                        ctx.properties().deviceType == VK_PHYSICAL_DEVICE_TYPE_CPU, allow_split);
+  uint32_t nsplit = plan.nsplit;
+  uint64_t k_split = div_up(div_up(K, nsplit), plan.bk) * plan.bk;
+  nsplit = uint32_t(div_up(K, k_split));  // no empty splits
+
+  std::string kernel = use_cm ? std::string("matmul_cm_") + plan.tile + "_" + (ta ? 't' : 'n') + (tb ? 't' : 'n')
+                              : std::string("matmul");
+  {
+    std::lock_guard lock(g_last_mu);
+    g_last = (use_cm ? "coopmat " : "scalar ") + std::to_string(plan.bm) + "x" + std::to_string(plan.bn) +
+             (use_cm ? std::string(" ") + (ta ? 't' : 'n') + (tb ? 't' : 'n') : std::string()) +
+             (nsplit > 1 ? " splitk " + std::to_string(nsplit) : std::string());
+  }
+
+  // With split-K the kernel writes f32 partials [nsplit][batch][M][N] to a workspace.
+  Tensor dst = c;
+  if (nsplit > 1) dst = Tensor::empty({int64_t(nsplit * nbatch * M * N)}, DType::f32, c.device());
+
+  MatmulParams p{};
+  p.M = uint32_t(M); p.N = uint32_t(N); p.K = uint32_t(K);
+  p.a_rs = uint32_t(a_rs); p.a_cs = uint32_t(a_cs);
+  p.b_rs = uint32_t(b_rs); p.b_cs = uint32_t(b_cs);
+  p.dtypes = dtype_code(a.dtype()) | dtype_code(b.dtype()) << 4 | dtype_code(dst.dtype()) << 8;
+  p.k_split = uint32_t(k_split);
+  p.nsplit = nsplit;
+
+  if (uint64_t(d1.size) * nsplit > kMaxGroupsZ)
+    throw ShapeError("matmul: batch dim of " + std::to_string(d1.size) + " is too large for one dispatch");
+  uint64_t d0_chunk = std::max<uint64_t>(1, kMaxGroupsZ / (uint64_t(d1.size) * nsplit));
+
+  auto aligned = [](int64_t v, int64_t al) { return v % al == 0; };
+  const uint32_t gx = uint32_t(div_up(N, plan.bn)), gy = uint32_t(div_up(M, plan.bm));
+  if (gy > 65535) throw ShapeError("matmul: M = " + std::to_string(M) + " is too large for one dispatch");
+  std::vector<Binding> bindings{{a.buffer(), false}, {b.buffer(), false}, {dst.buffer(), true}};
+
+  for (uint64_t o = 0; o < n_outer; ++o) {
+    int64_t a_off = a.offset(), b_off = b.offset(), c_off = dst.offset() + int64_t(o * uint64_t(d0.size * d1.size) * M * N);
+    uint64_t rem = o;
+    for (size_t i = outer.size(); i-- > 0;) {
+      int64_t idx = int64_t(rem % uint64_t(outer[i].size));
+      rem /= uint64_t(outer[i].size);
+      a_off += idx * outer[i].sa;
+      b_off += idx * outer[i].sb;
+    }
+    for (int64_t b0 = 0; b0 < d0.size; b0 += int64_t(d0_chunk)) {
+      int64_t n0 = std::min<int64_t>(int64_t(d0_chunk), d0.size - b0);
+      MatmulParams q = p;
+      q.a_off = uint32_t(a_off + b0 * d0.sa);
+      q.b_off = uint32_t(b_off + b0 * d0.sb);
+      q.c_off = uint32_t(c_off + b0 * d1.size * int64_t(M * N));
+      q.a_bs0 = uint32_t(d0.sa); q.a_bs1 = uint32_t(d1.sa);
+      q.b_bs0 = uint32_t(d0.sb); q.b_bs1 = uint32_t(d1.sb);
+      q.nb1 = uint32_t(d1.size);
+      // Vector staging needs the operand's contiguous dim at stride 1 and everything else 8-aligned
+      // (4-aligned suffices for f32, whose vector loads are vec4).
+      int64_t aal = a.dtype() == DType::f32 ? 4 : 8, bal = b.dtype() == DType::f32 ? 4 : 8;
+      int64_t a_other = ta ? a_cs : a_rs, b_other = tb ? b_rs : b_cs;
+      bool a_unit = ta ? a_rs == 1 : a_cs == 1, b_unit = tb ? b_cs == 1 : b_rs == 1;
+      q.flags = 0;
+      if (a_unit && aligned(q.a_off, aal) && aligned(a_other, aal) && aligned(d0.sa, aal) && aligned(d1.sa, aal))
+        q.flags |= kFlagAVec;
+      if (b_unit && aligned(q.b_off, bal) && aligned(b_other, bal) && aligned(d0.sb, bal) && aligned(d1.sb, bal))
+        q.flags |= kFlagBVec;
+      if (aligned(q.c_off, 8) && aligned(int64_t(N), 8)) q.flags |= kFlagCVec;
+      Groups groups{gx, gy, uint32_t(n0 * d1.size * nsplit)};
+      // Split-K (one dispatch only): partials [nsplit][batch][M][N] from c_off.
+      if (use_cm) ctx.dispatch(kernel, bindings, q, groups);
+      else ctx.dispatch(kernel, bindings, q, groups, plan.spec);
+    }
+  }
+  if (nsplit > 1) {
+    SplitKParams s{};
+    s.count = uint32_t(nbatch * M * N);
+    s.nsplit = nsplit;
+    s.out_off = uint32_t(c.offset());
+    s.out_dtype = dtype_code(c.dtype());
+    uint64_t groups = div_up(s.count, 256);
+    s.groups_x = uint32_t(std::min<uint64_t>(groups, 65535));
+    ctx.dispatch("matmul_splitk", {{dst.buffer(), false}, {c.buffer(), true}}, s,
+                 Groups{s.groups_x, uint32_t(div_up(groups, s.groups_x)), 1});
+  }
+}
+
+}  // namespace lmtune

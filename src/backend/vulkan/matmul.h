@@ -1,0 +1,33 @@
+// Vulkan matmul: kernel selection that tests and `lmtune bench ops` can override, and which kernel ran last.
+// The kernels themselves are kernels/matmul.comp (tiled scalar, every device) and kernels/matmul_coopmat.comp
+// (f16 tensor cores through VK_NV_cooperative_matrix); Matmul::eval_vulkan is in matmul.cpp.
+#pragma once
+#include <string>
+
+namespace lmtune::vk {
+
+enum class MatmulKernel { automatic, scalar, coopmat };
+
+// Overrides for Matmul::eval_vulkan. The defaults come from the environment:
+//   LMTUNE_NO_COOPMAT=1             never use the cooperative-matrix kernel
+//   LMTUNE_MATMUL_KERNEL=scalar|coopmat|auto
+//   LMTUNE_MATMUL_F32=fp16|exact    f32 inputs on the coopmat kernel (rounded to f16, the default) or on the
+//                                   scalar kernel (full f32 products)
+//   LMTUNE_MATMUL_SPLITK=N          force N-way split-K (0 = choose)
+//   LMTUNE_MATMUL_TILE=l|m|s        force a coopmat tile (l 128x256, m 128x128, s 64x64) or scalar tile
+//                                   (l 128x128, m 64x64, s 32x32)
+struct MatmulOptions {
+  MatmulKernel kernel = MatmulKernel::automatic;
+  bool f32_exact = false;
+  int splitk = 0;
+  char tile = 0;  // 0 = choose, else 'l', 'm' or 's'
+};
+MatmulOptions& matmul_options();  // process-wide; not thread-safe to change while matmuls run
+// Throws DeviceError when `kernel` is coopmat and the device cannot run it (checked by the next matmul).
+
+// Description of the last Vulkan matmul's kernel choice, e.g. "coopmat 128x256 nt split 1" (for benchmarks).
+std::string last_matmul_kernel();
+// Whether device `index` can run the cooperative-matrix kernel (ignores the options above).
+bool coopmat_available(int index);
+
+}  // namespace lmtune::vk

@@ -1,0 +1,288 @@
+// `lmtune bench ops`: throughput of the kernels that dominate fine-tuning on the chosen device -- TFLOP/s of
+// matmul at square and LLM shapes, GB/s of the memory-bound ops. Vulkan times are GPU timestamps summed over
+// the op's dispatches (the runtime's profiler); CPU times are wall clock around the op plus a synchronize.
+// Each figure is the median of --reps runs after a warm-up of >= 0.3 s per op (the first use of a pipeline
+// compiles it, up to 2 s on NVIDIA, and the clocks drop meanwhile).
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "backend/vulkan/matmul.h"
+#include "backend/vulkan/recorder.h"
+#include "backend/vulkan/vulkan_backend.h"
+#include "cli/commands.h"
+#include "core/error.h"
+#include "core/ops.h"
+#include "core/ops/view.h"
+#include "core/primitive.h"
+
+namespace lmtune::cli {
+namespace {
+
+struct BenchOptions {
+  bool json = false;
+  bool profile = false;
+  std::string sizes = "auto";  // auto | small | full
+  std::string shapes;          // MxNxK[,MxNxK...] replaces the matmul shapes
+  std::string only;            // comma list of op names to run
+  int reps = 10;
+};
+
+struct Result {
+  std::string op, shape, dtype, kernel;
+  double ms = 0;
+  double rate = 0;  // TFLOP/s (matmul) or GB/s
+  bool flops = false;
+  std::string error;
+};
+
+using Clock = std::chrono::steady_clock;
+double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+// Median time of fn in ms after warming up.
+double time_op(const std::function<Tensor()>& fn, Device dev, int reps) {
+  Backend& be = backend(dev);
+  auto t0 = Clock::now();
+  for (int i = 0; i < 2000 && (i < 2 || seconds_since(t0) < 0.3); ++i) {
+    fn();
+    if (i % 8 == 7) be.synchronize();  // keep the queue from running far ahead of the clock
+  }
+  be.synchronize();
+  bool gpu_timer = dev.is_vulkan() && vk::context_for(dev).features().timestamps;
+  bool was_profiling = vk::profiling();
+  if (gpu_timer) vk::set_profiling(true);
+  // GPU time of one call: growth of the profiler's total (no reset, so --profile keeps its full table).
+  auto total_ns = [] {
+    double ns = 0;
+    for (const auto& [kernel, stats] : vk::profile_stats()) ns += stats.ns;
+    return ns;
+  };
+  std::vector<double> ms;
+  for (int r = 0; r < reps; ++r) {
+    if (gpu_timer) {
+      double before = total_ns();
+      fn();
+      be.synchronize();
+      ms.push_back((total_ns() - before) * 1e-6);
+    } else {
+      auto t = Clock::now();
+      fn();
+      be.synchronize();
+      ms.push_back(seconds_since(t) * 1e3);
+    }
+  }
+  if (gpu_timer) vk::set_profiling(was_profiling);
+  std::sort(ms.begin(), ms.end());
+  return ms[ms.size() / 2];
+}
+
+struct MatmulShape {
+  int64_t M, N, K;
+  DType dtype;
+  bool b_transposed;  // x @ W^T with W [N, K]: the layout of a linear layer
+};
+
+std::vector<MatmulShape> matmul_shapes(const BenchOptions& o, bool small) {
+  std::vector<MatmulShape> s;
+  if (!o.shapes.empty()) {
+    std::string rest = o.shapes;
+    while (!rest.empty()) {
+      size_t comma = rest.find(',');
+      std::string one = rest.substr(0, comma);
+      rest = comma == std::string::npos ? "" : rest.substr(comma + 1);
+      long long m, n, k;
+      if (std::sscanf(one.c_str(), "%lldx%lldx%lld", &m, &n, &k) != 3 || m <= 0 || n <= 0 || k <= 0)
+        throw ConfigError("bench: bad --shapes entry '" + one + "' (expected MxNxK)");
+      for (DType t : {DType::f16, DType::f32}) s.push_back({m, n, k, t, false});
+    }
+    return s;
+  }
+  if (small) {
+    for (DType t : {DType::f32, DType::f16}) s.push_back({512, 512, 512, t, false});
+    s.push_back({512, 512, 2048, DType::bf16, true});
+    s.push_back({512, 2048, 512, DType::bf16, true});
+    s.push_back({512, 896, 16, DType::bf16, true});
+    s.push_back({512, 16, 896, DType::bf16, true});
+    return s;
+  }
+  for (DType t : {DType::f16, DType::bf16, DType::f32}) s.push_back({4096, 4096, 4096, t, false});
+  s.push_back({4096, 4096, 4096, DType::f16, true});
+  // Qwen2.5-0.5B-sized layers over 2048 tokens (M x N x K: tokens x out features x in features), bf16.
+  s.push_back({2048, 2048, 8192, DType::bf16, true});
+  s.push_back({2048, 8192, 2048, DType::bf16, true});
+  s.push_back({2048, 4864, 896, DType::bf16, true});
+  s.push_back({2048, 896, 4864, DType::bf16, true});
+  // LoRA rank-16 products: x A^T and (x A^T) B^T.
+  s.push_back({2048, 16, 896, DType::bf16, true});
+  s.push_back({2048, 896, 16, DType::bf16, true});
+  return s;
+}
+
+std::string kernel_label(Device dev) {
+  return dev.is_vulkan() ? vk::last_matmul_kernel() : std::string("openblas");
+}
+
+Result bench_matmul(const MatmulShape& s, Device dev, int reps) {
+  Result r;
+  r.op = "matmul";
+  r.shape = std::to_string(s.M) + "x" + std::to_string(s.N) + "x" + std::to_string(s.K) + (s.b_transposed ? " nt" : " nn");
+  r.dtype = std::string(dtype_name(s.dtype));
+  r.flops = true;
+  Tensor a = Tensor::randn({s.M, s.K}, 1, 1.0f, s.dtype, dev);
+  Tensor b = s.b_transposed ? ops::transpose(Tensor::randn({s.N, s.K}, 2, 1.0f, s.dtype, dev))
+                            : Tensor::randn({s.K, s.N}, 2, 1.0f, s.dtype, dev);
+  r.ms = time_op([&] { return ops::matmul(a, b); }, dev, reps);
+  r.kernel = kernel_label(dev);
+  r.rate = 2.0 * double(s.M) * double(s.N) * double(s.K) / (r.ms * 1e-3) / 1e12;
+  return r;
+}
+
+struct MemOp {
+  std::string name;
+  DType dtype;
+  double bytes_per_elem;  // bytes moved per element of the [rows, cols] input
+  std::function<Tensor(const Tensor& x, const Tensor& y, const Tensor& w)> fn;
+};
+
+std::vector<MemOp> mem_ops() {
+  return {
+      {"add", DType::f32, 12, [](const Tensor& x, const Tensor& y, const Tensor&) { return ops::add(x, y); }},
+      {"add", DType::bf16, 6, [](const Tensor& x, const Tensor& y, const Tensor&) { return ops::add(x, y); }},
+      {"mul", DType::f32, 12, [](const Tensor& x, const Tensor& y, const Tensor&) { return ops::mul(x, y); }},
+      {"silu", DType::f32, 8, [](const Tensor& x, const Tensor&, const Tensor&) { return ops::silu(x); }},
+      {"copy", DType::f32, 8,
+       [](const Tensor& x, const Tensor&, const Tensor&) {
+         return apply1(std::make_shared<Copy>(), {x}, {x.shape(), x.dtype()});
+       }},
+      {"cast f32->f16", DType::f32, 6,
+       [](const Tensor& x, const Tensor&, const Tensor&) { return ops::cast(x, DType::f16); }},
+      {"rms_norm", DType::f32, 8,
+       [](const Tensor& x, const Tensor&, const Tensor& w) { return ops::rms_norm(x, w, 1e-6f); }},
+      {"softmax", DType::f32, 8, [](const Tensor& x, const Tensor&, const Tensor&) { return ops::softmax(x, -1); }},
+      {"sum", DType::f32, 4, [](const Tensor& x, const Tensor&, const Tensor&) { return ops::sum(x, {-1}); }},
+  };
+}
+
+Result bench_mem(const MemOp& op, int64_t rows, int64_t cols, Device dev, int reps) {
+  Result r;
+  r.op = op.name;
+  r.shape = std::to_string(rows) + "x" + std::to_string(cols);
+  r.dtype = std::string(dtype_name(op.dtype));
+  r.kernel = "";
+  Tensor x = Tensor::randn({rows, cols}, 3, 1.0f, op.dtype, dev);
+  Tensor y = Tensor::randn({rows, cols}, 4, 1.0f, op.dtype, dev);
+  Tensor w = Tensor::randn({cols}, 5, 1.0f, op.dtype, dev);
+  r.ms = time_op([&] { return op.fn(x, y, w); }, dev, reps);
+  r.rate = op.bytes_per_elem * double(rows) * double(cols) / (r.ms * 1e-3) / 1e9;
+  return r;
+}
+
+bool selected(const BenchOptions& o, const std::string& op) {
+  if (o.only.empty()) return true;
+  std::string list = "," + o.only + ",";
+  return list.find("," + op + ",") != std::string::npos || list.find("," + op.substr(0, op.find(' ')) + ",") != std::string::npos;
+}
+
+std::string device_description(Device dev) {
+  if (dev.is_cpu()) return "cpu";
+  for (const auto& d : vk::list_devices())
+    if (d.index == dev.index) return dev.str() + " " + d.name + " (" + d.driver + ")";
+  return dev.str();
+}
+
+void print_result(const Result& r, const BenchOptions& o, const std::string& device) {
+  if (o.json) {
+    nlohmann::json j{{"op", r.op}, {"shape", r.shape}, {"dtype", r.dtype}, {"device", device}};
+    if (!r.error.empty()) {
+      j["error"] = r.error;
+    } else {
+      j["ms"] = r.ms;
+      j[r.flops ? "tflops" : "gbps"] = r.rate;
+      if (!r.kernel.empty()) j["kernel"] = r.kernel;
+    }
+    std::printf("%s\n", j.dump().c_str());
+  } else if (!r.error.empty()) {
+    std::printf("%-14s %-22s %-5s  n/a: %s\n", r.op.c_str(), r.shape.c_str(), r.dtype.c_str(), r.error.c_str());
+  } else {
+    std::printf("%-14s %-22s %-5s %10.3f ms %9.4g %-7s %s\n", r.op.c_str(), r.shape.c_str(), r.dtype.c_str(), r.ms,
+                r.rate, r.flops ? "TFLOP/s" : "GB/s", r.kernel.c_str());
+  }
+  std::fflush(stdout);
+}
+
+void run_bench_ops(const std::string& device_opt, const BenchOptions& o) {
+  apply_device_option(device_opt);
+  Device dev = default_device();
+  bool small = o.sizes == "small";
+  if (o.sizes == "auto") {
+    small = dev.is_cpu();
+    for (const auto& d : vk::list_devices())
+      if (dev.is_vulkan() && d.index == dev.index && d.type == "cpu") small = true;  // lavapipe
+  } else if (o.sizes != "small" && o.sizes != "full") {
+    throw ConfigError("bench: --sizes must be auto, small or full (got '" + o.sizes + "')");
+  }
+  std::string desc = device_description(dev);
+  if (!o.json) {
+    std::printf("lmtune bench ops on %s (%s sizes, median of %d, %s)\n", desc.c_str(), small ? "small" : "full",
+                o.reps, dev.is_vulkan() ? "GPU timestamps" : "wall clock");
+    std::printf("%-14s %-22s %-5s %13s %17s\n", "op", "shape (MxNxK)", "dtype", "time", "throughput");
+  }
+  if (o.profile) {
+    vk::set_profiling(true);
+    vk::reset_profile();
+  }
+  auto run = [&](auto&& fn, Result fail) {
+    Result r;
+    try {
+      r = fn();
+    } catch (const Error& e) {
+      r = fail;
+      r.error = e.what();
+    }
+    print_result(r, o, desc);
+  };
+  for (const auto& s : matmul_shapes(o, small)) {
+    if (!selected(o, "matmul")) break;
+    Result fail;
+    fail.op = "matmul";
+    fail.shape = std::to_string(s.M) + "x" + std::to_string(s.N) + "x" + std::to_string(s.K) + (s.b_transposed ? " nt" : " nn");
+    fail.dtype = std::string(dtype_name(s.dtype));
+    run([&] { return bench_matmul(s, dev, o.reps); }, fail);
+  }
+  int64_t rows = small ? 1024 : 16384, cols = small ? 1024 : 4096;
+  for (const auto& op : mem_ops()) {
+    if (!selected(o, op.name)) continue;
+    Result fail;
+    fail.op = op.name;
+    fail.shape = std::to_string(rows) + "x" + std::to_string(cols);
+    fail.dtype = std::string(dtype_name(op.dtype));
+    run([&] { return bench_mem(op, rows, cols, dev, o.reps); }, fail);
+  }
+  if (o.profile && dev.is_vulkan()) std::printf("\n%s", vk::profile_report().c_str());
+}
+
+}  // namespace
+
+void add_bench_command(CLI::App& app, const std::string& device) {
+  auto* bench = app.add_subcommand("bench", "Benchmarks");
+  bench->require_subcommand(1);
+  auto* ops_cmd = bench->add_subcommand("ops", "TFLOP/s of matmul and GB/s of memory-bound ops on the device");
+  auto o = std::make_shared<BenchOptions>();
+  ops_cmd->add_flag("--json", o->json, "One JSON object per line");
+  ops_cmd->add_option("--sizes", o->sizes, "auto | small | full (auto: small on CPU devices)");
+  ops_cmd->add_option("--shapes", o->shapes, "Matmul shapes MxNxK[,MxNxK...] (f16 and f32)");
+  ops_cmd->add_option("--ops", o->only, "Comma list of ops to run (matmul,add,mul,silu,copy,cast,rms_norm,softmax,sum)");
+  ops_cmd->add_option("--reps", o->reps, "Timed repetitions per op (median)")->check(CLI::Range(1, 1000));
+  ops_cmd->add_flag("--profile", o->profile, "Also print the per-kernel GPU profile (Vulkan)");
+  ops_cmd->callback([&device, o] { run_bench_ops(device, *o); });
+}
+
+}  // namespace lmtune::cli
