@@ -1,0 +1,134 @@
+// Vulkan kernels for RMSNorm, LayerNorm, rotary embedding and embedding gather / scatter-add: kernels/norm.comp,
+// kernels/rope.comp, kernels/embedding.comp, kernels/embedding_backward.comp.
+#include "backend/vulkan/kernel_util.h"
+#include "backend/vulkan/nn_kernels.h"
+#include "core/error.h"
+#include "core/ops/nn.h"
+
+namespace lmtune::vk {
+namespace {
+
+uint32_t row_group_size(int64_t n) { return n >= 4096 ? 256 : n >= 512 ? 128 : 64; }
+
+void require_dense(const Tensor& t, const char* op) {
+  if (!t.is_contiguous()) throw ShapeError(std::string("vulkan ") + op + ": output must be contiguous");
+}
+
+struct NormPush {
+  uint32_t c, rows, x_off, w_off, b_off, y_off, mean_off, rstd_off, dtypes;
+  float eps;
+  uint32_t has_bias;
+};
+struct RopePush {
+  uint32_t total, d, h, r, x_off, pos_off, freq_off, y_off, dtypes, interleaved, inverse;
+};
+struct EmbeddingPush {
+  uint32_t total, c, v, w_off, ids_off, y_off, dtypes;
+};
+
+}  // namespace
+
+void rms_norm_rows(const Tensor& x_in, const Tensor& w_in, const Tensor& y, const Tensor& rstd, float eps) {
+  if (y.numel() == 0) return;
+  require_dense(y, "rms_norm");
+  require_dense(rstd, "rms_norm");
+  Tensor x = dense(x_in), w = dense(w_in);
+  Context& ctx = context_for(y.device());
+  int64_t c = x.shape().back();
+  NormPush p{u32(c, "row length"), u32(x.numel() / c, "rows"), elem_offset(x), elem_offset(w), 0, elem_offset(y),
+             0, elem_offset(rstd), uint32_t(x.dtype()) | uint32_t(w.dtype()) << 4 | uint32_t(y.dtype()) << 12, eps, 0};
+  ctx.dispatch(variant(ctx, "rms_norm"), {in(x), in(w), out(y), out(rstd)}, p,
+               {std::min<uint32_t>(p.rows, 65535), 1, 1}, {row_group_size(c)});
+}
+
+void layer_norm_rows(const Tensor& x_in, const Tensor& w_in, const Tensor& b_in, const Tensor& y, const Tensor& mean,
+                     const Tensor& rstd, float eps) {
+  if (y.numel() == 0) return;
+  require_dense(y, "layer_norm");
+  require_dense(mean, "layer_norm");
+  require_dense(rstd, "layer_norm");
+  Tensor x = dense(x_in), w = dense(w_in);
+  bool has_bias = b_in.defined();
+  Tensor b = has_bias ? dense(b_in) : w;  // bound but unread without a bias
+  Context& ctx = context_for(y.device());
+  int64_t c = x.shape().back();
+  NormPush p{u32(c, "row length"), u32(x.numel() / c, "rows"), elem_offset(x), elem_offset(w), elem_offset(b),
+             elem_offset(y), elem_offset(mean), elem_offset(rstd),
+             uint32_t(x.dtype()) | uint32_t(w.dtype()) << 4 | uint32_t(b.dtype()) << 8 | uint32_t(y.dtype()) << 12,
+             eps, has_bias};
+  ctx.dispatch(variant(ctx, "layer_norm"), {in(x), in(w), in(b), out(y), out(mean), out(rstd)}, p,
+               {std::min<uint32_t>(p.rows, 65535), 1, 1}, {row_group_size(c)});
+}
+
+void rope_apply(const Tensor& x_in, const Tensor& positions_in, const Tensor& inv_freq_in, const Tensor& y,
+                bool interleaved, bool inverse) {
+  if (y.numel() == 0) return;
+  require_dense(y, "rope");
+  if (x_in.ndim() != 4) throw ShapeError("vulkan rope: x must be [B, T, H, D], got " + to_string(x_in.shape()));
+  Tensor x = dense(x_in), pos = dense(positions_in), freq = dense(inv_freq_in);
+  if (freq.dtype() != DType::f32 || pos.dtype() != DType::i32)
+    throw ShapeError("vulkan rope: positions must be i32 and inv_freq f32");
+  Context& ctx = context_for(y.device());
+  int64_t r = 2 * freq.numel();
+  if (r > x.dim(3)) throw ShapeError("vulkan rope: 2 * inv_freq size " + std::to_string(r) + " exceeds head dim");
+  RopePush p{u32(x.numel(), "element count"), u32(x.dim(3), "head dim"), u32(x.dim(2), "heads"), u32(r, "rotary dims"),
+             elem_offset(x), elem_offset(pos), elem_offset(freq), elem_offset(y),
+             uint32_t(x.dtype()) | uint32_t(y.dtype()) << 4, interleaved, inverse};
+  ctx.dispatch(variant(ctx, "rope"), {in(x), in(pos), in(freq), out(y)}, p, groups_1d(p.total, 256), {256});
+}
+
+void embedding_gather(const Tensor& weight_in, const Tensor& ids_in, const Tensor& y) {
+  if (y.numel() == 0) return;
+  require_dense(y, "embedding");
+  Tensor w = dense(weight_in), ids = dense(ids_in);
+  Context& ctx = context_for(y.device());
+  EmbeddingPush p{u32(y.numel(), "element count"), u32(w.dim(1), "embedding dim"), u32(w.dim(0), "vocabulary"),
+                  elem_offset(w), elem_offset(ids), elem_offset(y), uint32_t(w.dtype()) | uint32_t(y.dtype()) << 4};
+  ctx.dispatch(variant(ctx, "embedding"), {in(w), in(ids), out(y)}, p, groups_1d(p.total, 256), {256});
+}
+
+void embedding_scatter_add(const Tensor& grad_in, const Tensor& ids_in, const Tensor& out_t) {
+  if (out_t.numel() == 0) return;
+  require_dense(out_t, "embedding_backward");
+  Tensor g = dense(grad_in), ids = dense(ids_in);
+  Context& ctx = context_for(out_t.device());
+  // Accumulate in f32: straight into the output when it is f32, else in a temporary converted at the end.
+  bool direct = out_t.dtype() == DType::f32 && out_t.offset() == 0 &&
+                out_t.buffer()->bytes() == size_t(out_t.numel()) * 4;
+  Tensor acc = direct ? out_t : Tensor::empty(out_t.shape(), DType::f32, out_t.device());
+  ctx.fill_buffer(out(acc), 0);
+  if (g.numel() > 0) {
+    EmbeddingPush p{u32(g.numel(), "element count"), u32(out_t.dim(1), "embedding dim"),
+                    u32(out_t.dim(0), "vocabulary"), elem_offset(g), elem_offset(ids), elem_offset(acc),
+                    uint32_t(g.dtype())};
+    std::string kernel = ctx.features().atomic_float_add ? "embedding_backward" : "embedding_backward_cas";
+    ctx.dispatch(variant(ctx, kernel), {in(g), in(ids), out(acc)}, p, groups_1d(p.total, 256), {256});
+  }
+  if (!direct) copy_tensor(acc, out_t);
+}
+
+}  // namespace lmtune::vk
+
+namespace lmtune {
+
+void RmsNorm::eval_vulkan(const std::vector<Tensor>& in, std::vector<Tensor>& out) {
+  vk::rms_norm_rows(in[0], in[1], out[0], out[1], eps);
+}
+
+void LayerNorm::eval_vulkan(const std::vector<Tensor>& in, std::vector<Tensor>& out) {
+  vk::layer_norm_rows(in[0], in[1], in.size() > 2 ? in[2] : Tensor(), out[0], out[1], out[2], eps);
+}
+
+void Rope::eval_vulkan(const std::vector<Tensor>& in, std::vector<Tensor>& out) {
+  vk::rope_apply(in[0], in[1], in[2], out[0], layout == ops::RopeLayout::interleaved, inverse);
+}
+
+void Embedding::eval_vulkan(const std::vector<Tensor>& in, std::vector<Tensor>& out) {
+  vk::embedding_gather(in[0], in[1], out[0]);
+}
+
+void EmbeddingBackward::eval_vulkan(const std::vector<Tensor>& in, std::vector<Tensor>& out) {
+  vk::embedding_scatter_add(in[0], in[1], out[0]);
+}
+
+}  // namespace lmtune

@@ -1,0 +1,26 @@
+// Launchers of the Vulkan softmax / cross-entropy / normalization / rotary / embedding kernels. The primitives'
+// eval_vulkan (softmax.cpp, nn.cpp) call these; tests call them directly too. Inputs may be strided (they are
+// made dense first); outputs must be dense (as apply() allocates them).
+#pragma once
+#include "core/tensor.h"
+
+namespace lmtune::vk {
+
+void softmax_rows(const Tensor& x, const Tensor& y, bool log);
+// logits [N, V], targets i32 [N] -> loss f32 [N], lse f32 [N].
+void cross_entropy_rows(const Tensor& logits, const Tensor& targets, const Tensor& loss, const Tensor& lse,
+                        int ignore_index);
+// dlogits [N, V] = (softmax(logits) - onehot(targets)) * g[:, None], zero rows where ignored.
+void cross_entropy_grad_rows(const Tensor& logits, const Tensor& targets, const Tensor& lse, const Tensor& g,
+                             const Tensor& dlogits, int ignore_index);
+void rms_norm_rows(const Tensor& x, const Tensor& w, const Tensor& y, const Tensor& rstd, float eps);
+// bias may be undefined.
+void layer_norm_rows(const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& y, const Tensor& mean,
+                     const Tensor& rstd, float eps);
+void rope_apply(const Tensor& x, const Tensor& positions, const Tensor& inv_freq, const Tensor& y, bool interleaved,
+                bool inverse);
+void embedding_gather(const Tensor& weight, const Tensor& ids, const Tensor& out);
+// out [V, C] = scatter-add of grad rows (grad [..., C]) into rows ids[...]; out is overwritten.
+void embedding_scatter_add(const Tensor& grad, const Tensor& ids, const Tensor& out);
+
+}  // namespace lmtune::vk
