@@ -2,7 +2,8 @@
 // Tiled shared-memory GEMM with f32 accumulation: runs on every Vulkan device (lavapipe included).
 // C = A x B per batch (see matmul_common.glsl for the addressing). A, B: f32, f16 or bf16 (any strides; the
 // dtype is a push constant, 16-bit types are read as halves of 32-bit words, so no 16-bit storage is needed
-// for the inputs); C: f32, f16 or bf16, contiguous.
+// for the inputs); C: f32, f16 or bf16, contiguous. PACKED16 (devices without 16-bit storage) writes 16-bit
+// outputs with atomic and/or on their 32-bit word, since neighbouring threads may own its other half.
 //
 // Workgroup tile BM x BN, K step BK, each of the NT = (BM/TM)(BN/TN) threads owns TM x TN outputs spread as
 // 4-wide groups over the tile (so shared reads are vec4 and conflict-free). Tiles are specialization
@@ -11,7 +12,9 @@
 // is prefetched into registers while the current one is multiplied, so there is one barrier per K step.
 // Edges (M, N, K not multiples of the tile) are zero-filled when staging and masked when storing.
 #extension GL_EXT_control_flow_attributes : enable
+#ifndef PACKED16
 #extension GL_EXT_shader_16bit_storage : require
+#endif
 
 #include "matmul_common.glsl"
 
@@ -29,8 +32,13 @@ const uint LB = BK * BN / NT;
 
 layout(set = 0, binding = 0) readonly buffer ABuf { uint a32[]; };
 layout(set = 0, binding = 1) readonly buffer BBuf { uint b32[]; };
+#ifdef PACKED16
+layout(set = 0, binding = 2) buffer CBuf { float c32[]; };
+layout(set = 0, binding = 2) buffer CBufW { uint cw[]; };
+#else
 layout(set = 0, binding = 2) writeonly buffer CBuf { float c32[]; };
 layout(set = 0, binding = 2) writeonly buffer CBuf16 { uint16_t c16[]; };
+#endif
 
 shared vec4 As[2 * BK * BM / 4];  // As[buf][k][m]
 shared vec4 Bs[2 * BK * BN / 4];  // Bs[buf][k][n]
@@ -90,8 +98,18 @@ void shared_store(uint buf, uint tid) {
 
 void store_c(uint e, float v) {
   uint dt = c_dtype();
-  if (dt == DT_F32) c32[e] = v;
-  else c16[e] = uint16_t(dt == DT_F16 ? float_to_f16_bits(v) : float_to_bf16_bits(v));
+  if (dt == DT_F32) {
+    c32[e] = v;
+    return;
+  }
+  uint bits = dt == DT_F16 ? float_to_f16_bits(v) : float_to_bf16_bits(v);
+#ifdef PACKED16
+  uint sh = (e & 1u) << 4;
+  atomicAnd(cw[e >> 1], ~(0xffffu << sh));
+  atomicOr(cw[e >> 1], bits << sh);
+#else
+  c16[e] = uint16_t(bits);
+#endif
 }
 
 void main() {

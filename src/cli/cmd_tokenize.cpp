@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "cli/commands.h"
 #include "core/error.h"
 #include "tokenizer/tokenizer.h"
 
@@ -96,6 +97,8 @@ void run_tokenize(const TokenizeOptions& opts) {
 
 }  // namespace
 
+namespace cli {
+
 void add_tokenize_command(CLI::App& app) {
   auto opts = std::make_shared<TokenizeOptions>();
   CLI::App* cmd = app.add_subcommand("tokenize", "Encode text or decode ids with a HuggingFace tokenizer");
@@ -114,4 +117,5 @@ void add_tokenize_command(CLI::App& app) {
   });
 }
 
+}  // namespace cli
 }  // namespace lmtune

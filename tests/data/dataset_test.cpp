@@ -16,7 +16,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-const Tokenizer& tok() {
+const Tokenizer& qwen() {
   static Tokenizer t = [] {
     fs::path dir = fs::path(LMTUNE_SOURCE_DIR) / "tests/fixtures/npm/qwen3/models";
     if (!fs::exists(dir / "tokenizer.json")) throw std::runtime_error("run scripts/fetch_fixtures.sh: missing " + dir.string());
@@ -40,7 +40,7 @@ struct TempDir {
 
 std::string error_of(const fs::path& file, DataOptions opt = {}) {
   try {
-    load_dataset(file, tok(), opt);
+    load_dataset(file, qwen(), opt);
   } catch (const Error& e) {
     return e.what();
   }
@@ -52,12 +52,12 @@ std::string error_of(const fs::path& file, DataOptions opt = {}) {
 TEST(Dataset, TextFormatTrainsOnAllTokensAndEndsWithEos) {
   TempDir d;
   auto f = d.write("t.jsonl", "{\"text\": \"Hello world, this is a test.\"}\n\n{\"text\": \"Second line\"}\n");
-  Dataset ds = load_dataset(f, tok(), {});
+  Dataset ds = load_dataset(f, qwen(), {});
   ASSERT_EQ(ds.samples.size(), 2u);
   EXPECT_EQ(ds.stats.format, "text");
   EXPECT_EQ(ds.stats.lines, 2);
-  auto expected = tok().encode("Hello world, this is a test.", true);
-  expected.push_back(tok().eos_ids().at(0));
+  auto expected = qwen().encode("Hello world, this is a test.", true);
+  expected.push_back(qwen().eos_ids().at(0));
   EXPECT_EQ(ds.samples[0].ids, expected);
   EXPECT_EQ(ds.samples[0].trainable[0], 0);
   for (size_t i = 1; i < expected.size(); ++i) EXPECT_EQ(ds.samples[0].trainable[i], 1);
@@ -66,10 +66,10 @@ TEST(Dataset, TextFormatTrainsOnAllTokensAndEndsWithEos) {
 TEST(Dataset, CompletionFormatMasksThePrompt) {
   TempDir d;
   auto f = d.write("c.jsonl", "{\"prompt\": \"Q: 2+2?\\nA:\", \"completion\": \" 4\"}\n");
-  Dataset ds = load_dataset(f, tok(), {});
+  Dataset ds = load_dataset(f, qwen(), {});
   const Sample& s = ds.samples.at(0);
-  auto prompt = tok().encode("Q: 2+2?\nA:", true);
-  auto completion = tok().encode(" 4", false);
+  auto prompt = qwen().encode("Q: 2+2?\nA:", true);
+  auto completion = qwen().encode(" 4", false);
   ASSERT_EQ(s.ids.size(), prompt.size() + completion.size() + 1);
   for (size_t i = 0; i < prompt.size(); ++i) EXPECT_EQ(s.trainable[i], 0) << i;
   for (size_t i = prompt.size(); i < s.ids.size(); ++i) EXPECT_EQ(s.trainable[i], 1) << i;
@@ -99,28 +99,28 @@ TEST(Dataset, OverlongPoliciesAndUntrainableSamples) {
   auto f = d.write("o.jsonl", "{\"text\": \"" + longtext + "\"}\n{\"text\": \"short one\"}\n{\"text\": \"\"}\n");
   DataOptions opt;
   opt.max_seq_len = 16;
-  Dataset ds = load_dataset(f, tok(), opt);
+  Dataset ds = load_dataset(f, qwen(), opt);
   EXPECT_EQ(ds.stats.truncated, 1);
   EXPECT_EQ(ds.stats.rejected_untrainable, 1);  // "" becomes only an EOS: nothing to predict
   EXPECT_EQ(ds.samples.size(), 2u);
   EXPECT_EQ(ds.samples[0].ids.size(), 16u);
   opt.overlong = "drop";
-  ds = load_dataset(f, tok(), opt);
+  ds = load_dataset(f, qwen(), opt);
   EXPECT_EQ(ds.stats.dropped_overlong, 1);
   EXPECT_EQ(ds.samples.size(), 1u);
   opt.overlong = "error";
   EXPECT_NE(error_of(f, opt).find("o.jsonl:1"), std::string::npos);
   auto empty = d.write("e.jsonl", "{\"prompt\": \"x\", \"completion\": \"\"}\n");
   // The completion is empty but its EOS is still a target: kept.
-  EXPECT_EQ(load_dataset(empty, tok(), {}).stats.trainable_tokens, 1);
+  EXPECT_EQ(load_dataset(empty, qwen(), {}).stats.trainable_tokens, 1);
 }
 
 TEST(Dataset, TokenCacheIsReusedAndKeyedByContent) {
   TempDir d;
   auto f = d.write("c.jsonl", "{\"text\": \"cache me\"}\n{\"text\": \"and me too\"}\n");
-  Dataset a = load_dataset(f, tok(), {}, d.path / "cache");
+  Dataset a = load_dataset(f, qwen(), {}, d.path / "cache");
   ASSERT_TRUE(fs::exists(d.path / "cache" / ("tokenized-" + a.hash + ".h5")));
-  Dataset b = load_dataset(f, tok(), {}, d.path / "cache");
+  Dataset b = load_dataset(f, qwen(), {}, d.path / "cache");
   EXPECT_EQ(a.hash, b.hash);
   ASSERT_EQ(a.samples.size(), b.samples.size());
   for (size_t i = 0; i < a.samples.size(); ++i) {
@@ -129,11 +129,11 @@ TEST(Dataset, TokenCacheIsReusedAndKeyedByContent) {
   }
   EXPECT_EQ(a.stats.trainable_tokens, b.stats.trainable_tokens);
   d.write("c.jsonl", "{\"text\": \"cache me\"}\n{\"text\": \"changed\"}\n");
-  Dataset c = load_dataset(f, tok(), {}, d.path / "cache");
+  Dataset c = load_dataset(f, qwen(), {}, d.path / "cache");
   EXPECT_NE(c.hash, a.hash);
   DataOptions opt;
   opt.max_seq_len = 8;
-  EXPECT_NE(load_dataset(f, tok(), opt, d.path / "cache").hash, c.hash);
+  EXPECT_NE(load_dataset(f, qwen(), opt, d.path / "cache").hash, c.hash);
 }
 
 namespace {
@@ -168,8 +168,11 @@ TEST(Batcher, PackingKeepsDocumentsApartAndCoversEveryTarget) {
     for (int r = 0; r < b.B; ++r)
       for (int t = 0; t < b.T; ++t) {
         size_t i = size_t(r * b.T + t);
-        if (t > 0 && b.doc_ids[i] == b.doc_ids[i - 1]) EXPECT_EQ(b.positions[i], b.positions[i - 1] + 1);
-        if (t == 0 || b.doc_ids[i] != b.doc_ids[i - 1]) EXPECT_EQ(b.positions[i], 0);
+        if (t > 0 && b.doc_ids[i] == b.doc_ids[i - 1]) {
+          EXPECT_EQ(b.positions[i], b.positions[i - 1] + 1);
+        } else {
+          EXPECT_EQ(b.positions[i], 0);
+        }
         if (b.targets[i] != -100) {
           ASSERT_LT(t + 1, b.T);
           EXPECT_EQ(b.doc_ids[i + 1], b.doc_ids[i]);  // never predicts across documents
@@ -212,14 +215,14 @@ TEST(Dataset, ChatFormatTrainsOnAssistantTurnsOnly) {
                    R"( {"role": "assistant", "content": "4."}, {"role": "user", "content": "3+3?"},)"
                    R"( {"role": "assistant", "content": "6."}]})"
                    "\n");
-  Dataset ds = load_dataset(f, tok(), {});
+  Dataset ds = load_dataset(f, qwen(), {});
   EXPECT_EQ(ds.stats.format, "chat");
   const Sample& s = ds.samples.at(0);
   std::string trained;
   std::vector<int32_t> trained_ids;
   for (size_t i = 0; i < s.ids.size(); ++i)
     if (s.trainable[i]) trained_ids.push_back(s.ids[i]);
-  trained = tok().decode(trained_ids);
+  trained = qwen().decode(trained_ids);
   EXPECT_NE(trained.find("4."), std::string::npos) << trained;
   EXPECT_NE(trained.find("6."), std::string::npos) << trained;
   EXPECT_EQ(trained.find("2+2"), std::string::npos) << trained;

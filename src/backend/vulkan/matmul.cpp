@@ -210,8 +210,6 @@ void Matmul::eval_vulkan(const std::vector<Tensor>& in, std::vector<Tensor>& out
     ctx.fill_buffer({c.buffer(), true}, 0);
     return;
   }
-  if (!feat.storage_16bit)
-    throw DeviceError("matmul: " + ctx.name() + " lacks storageBuffer16BitAccess, which the matmul kernels need");
   for (const Tensor* t : {&a, &b, static_cast<const Tensor*>(&c)})
     if (t->buffer()->bytes() > (uint64_t(1) << 32) - 1)
       throw DeviceError("matmul: tensor of " + std::to_string(t->buffer()->bytes()) +
@@ -228,7 +226,7 @@ void Matmul::eval_vulkan(const std::vector<Tensor>& in, std::vector<Tensor>& out
 
   // Kernel choice.
   static std::once_flag no_cm_flag, f32_flag, layout_flag;
-  bool cm_device = feat.cooperative_matrix && feat.subgroup_size == 32;
+  bool cm_device = feat.cooperative_matrix && feat.storage_16bit && feat.subgroup_size == 32;
   bool ta = a_cs != 1 && a_rs == 1, tb = b_cs != 1 && b_rs == 1;
   bool layout_ok = (a_cs == 1 || a_rs == 1) && (b_cs == 1 || b_rs == 1);
   bool use_cm = false;
@@ -268,7 +266,7 @@ void Matmul::eval_vulkan(const std::vector<Tensor>& in, std::vector<Tensor>& out
   nsplit = uint32_t(div_up(K, k_split));  // no empty splits
 
   std::string kernel = use_cm ? std::string("matmul_cm_") + plan.tile + "_" + (ta ? 't' : 'n') + (tb ? 't' : 'n')
-                              : std::string("matmul");
+                              : variant(ctx, "matmul");
   {
     std::lock_guard lock(g_last_mu);
     g_last = (use_cm ? "coopmat " : "scalar ") + std::to_string(plan.bm) + "x" + std::to_string(plan.bn) +
@@ -340,7 +338,7 @@ void Matmul::eval_vulkan(const std::vector<Tensor>& in, std::vector<Tensor>& out
     s.out_dtype = dtype_code(c.dtype());
     uint64_t groups = div_up(s.count, 256);
     s.groups_x = uint32_t(std::min<uint64_t>(groups, 65535));
-    ctx.dispatch("matmul_splitk", {{dst.buffer(), false}, {c.buffer(), true}}, s,
+    ctx.dispatch(variant(ctx, "matmul_splitk"), {{dst.buffer(), false}, {c.buffer(), true}}, s,
                  Groups{s.groups_x, uint32_t(div_up(groups, s.groups_x)), 1});
   }
 }

@@ -22,8 +22,9 @@ struct MatmulOptions {
   int splitk = 0;
   char tile = 0;  // 0 = choose, else 'l', 'm' or 's'
 };
-MatmulOptions& matmul_options();  // process-wide; not thread-safe to change while matmuls run
-// Throws DeviceError when `kernel` is coopmat and the device cannot run it (checked by the next matmul).
+// Process-wide; not thread-safe to change while matmuls run. With kernel = coopmat, a matmul on a device
+// without cooperative matrices throws DeviceError instead of falling back.
+MatmulOptions& matmul_options();
 
 // Description of the last Vulkan matmul's kernel choice, e.g. "coopmat 128x256 nt split 1" (for benchmarks).
 std::string last_matmul_kernel();
