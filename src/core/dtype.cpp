@@ -22,7 +22,7 @@ uint16_t f32_to_f16(float f) {
   if (absx < 0x38800000u) {                                  // subnormal or zero in f16
     if (absx < 0x33000000u) return uint16_t(sign);           // rounds to zero
     uint32_t mant = (absx & 0x7fffffu) | 0x800000u;
-    int shift = 126 - int(absx >> 23) + 1 + 13;              // bits to drop
+    int shift = 126 - int(absx >> 23);                       // bits to drop: value = mant * 2^(e-150), unit 2^-24
     uint32_t half = mant >> shift;
     uint32_t rem = mant & ((1u << shift) - 1);
     uint32_t mid = 1u << (shift - 1);

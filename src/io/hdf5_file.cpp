@@ -1,0 +1,494 @@
+// HDF5 wrapper implementation. HDF5 reports failures as negative return values plus an error stack; each
+// failing call is turned into a FileError carrying the innermost stack message, with HDF5's automatic
+// printing to stderr switched off once per process.
+#include "io/hdf5_file.h"
+
+#include <hdf5.h>
+
+#include <algorithm>
+#include <mutex>
+
+#include "core/error.h"
+#include "io/atomic_file.h"
+
+namespace lmtune {
+namespace fs = std::filesystem;
+
+static_assert(std::is_same_v<hid_t, int64_t>, "Hdf5File stores hid_t as int64_t");
+
+namespace {
+
+void silence_hdf5() {
+  static std::once_flag once;
+  std::call_once(once, [] { H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr); });
+}
+
+// The most specific message on HDF5's error stack (the innermost frame), then clears the stack.
+std::string hdf5_error_text() {
+  std::string text;
+  H5Ewalk2(
+      H5E_DEFAULT, H5E_WALK_UPWARD,
+      [](unsigned n, const H5E_error2_t* err, void* out) -> herr_t {
+        if (n == 0 && err->desc) *static_cast<std::string*>(out) = err->desc;
+        return 0;
+      },
+      &text);
+  H5Eclear2(H5E_DEFAULT);
+  return text.empty() ? "HDF5 call failed" : text;
+}
+
+std::string normalize(const std::string& object) {
+  if (object.empty() || object == "/") return "/";
+  return object[0] == '/' ? object : "/" + object;
+}
+
+// Owns one hid_t and closes it with the matching H5?close.
+class Handle {
+ public:
+  using Closer = herr_t (*)(hid_t);
+  Handle(hid_t id, Closer closer) : id_(id), closer_(closer) {}
+  ~Handle() {
+    if (id_ >= 0) closer_(id_);
+  }
+  Handle(Handle&& other) noexcept : id_(other.id_), closer_(other.closer_) { other.id_ = -1; }
+  Handle(const Handle&) = delete;
+  Handle& operator=(const Handle&) = delete;
+  Handle& operator=(Handle&&) = delete;
+  hid_t get() const { return id_; }
+  bool ok() const { return id_ >= 0; }
+
+ private:
+  hid_t id_;
+  Closer closer_;
+};
+
+template <class T>
+struct TypeOf;
+template <> struct TypeOf<float> {
+  static hid_t mem() { return H5T_NATIVE_FLOAT; }
+  static hid_t file() { return H5T_IEEE_F32LE; }
+  static constexpr H5ElemType elem = H5ElemType::f32;
+};
+template <> struct TypeOf<int32_t> {
+  static hid_t mem() { return H5T_NATIVE_INT32; }
+  static hid_t file() { return H5T_STD_I32LE; }
+  static constexpr H5ElemType elem = H5ElemType::i32;
+};
+template <> struct TypeOf<int64_t> {
+  static hid_t mem() { return H5T_NATIVE_INT64; }
+  static hid_t file() { return H5T_STD_I64LE; }
+  static constexpr H5ElemType elem = H5ElemType::i64;
+};
+template <> struct TypeOf<uint8_t> {
+  static hid_t mem() { return H5T_NATIVE_UINT8; }
+  static hid_t file() { return H5T_STD_U8LE; }
+  static constexpr H5ElemType elem = H5ElemType::u8;
+};
+template <> struct TypeOf<uint16_t> {
+  static hid_t mem() { return H5T_NATIVE_UINT16; }
+  static hid_t file() { return H5T_STD_U16LE; }
+  static constexpr H5ElemType elem = H5ElemType::u16;
+};
+
+// Properties that create missing parent groups and leave timestamps out (so identical contents give
+// identical files).
+Handle link_create_props() {
+  Handle lcpl(H5Pcreate(H5P_LINK_CREATE), H5Pclose);
+  H5Pset_create_intermediate_group(lcpl.get(), 1);
+  return lcpl;
+}
+
+}  // namespace
+
+std::string_view h5_elem_type_name(H5ElemType t) {
+  switch (t) {
+    case H5ElemType::f32: return "f32";
+    case H5ElemType::i32: return "i32";
+    case H5ElemType::i64: return "i64";
+    case H5ElemType::u8: return "u8";
+    case H5ElemType::u16: return "u16";
+  }
+  return "?";
+}
+
+// Builds "<file>: <object>: <problem>[: <hdf5 message>]".
+#define LMTUNE_H5_FAIL(object, problem) \
+  throw FileError(path_.string() + ": " + std::string(object) + ": " + (problem) + ": " + hdf5_error_text())
+
+Hdf5File Hdf5File::create(const fs::path& path) {
+  silence_hdf5();
+  Handle fcpl(H5Pcreate(H5P_FILE_CREATE), H5Pclose);
+  H5Pset_obj_track_times(fcpl.get(), 0);
+  hid_t id = H5Fcreate(path.c_str(), H5F_ACC_TRUNC, fcpl.get(), H5P_DEFAULT);
+  if (id < 0) throw FileError(path.string() + ": cannot create HDF5 file: " + hdf5_error_text());
+  return Hdf5File(path, id);
+}
+
+Hdf5File Hdf5File::open(const fs::path& path, bool writable) {
+  silence_hdf5();
+  std::error_code ec;
+  if (!fs::exists(path, ec)) throw FileError(path.string() + ": no such file");
+  htri_t is_h5 = H5Fis_hdf5(path.c_str());
+  if (is_h5 == 0) throw FileError(path.string() + ": not an HDF5 file (no HDF5 signature)");
+  if (is_h5 < 0) throw FileError(path.string() + ": cannot read as HDF5: " + hdf5_error_text());
+  hid_t id = H5Fopen(path.c_str(), writable ? H5F_ACC_RDWR : H5F_ACC_RDONLY, H5P_DEFAULT);
+  if (id < 0) throw FileError(path.string() + ": cannot open HDF5 file (damaged or truncated?): " + hdf5_error_text());
+  return Hdf5File(path, id);
+}
+
+Hdf5File::Hdf5File(Hdf5File&& other) noexcept : path_(std::move(other.path_)), id_(other.id_) { other.id_ = -1; }
+
+Hdf5File& Hdf5File::operator=(Hdf5File&& other) noexcept {
+  if (this != &other) {
+    if (id_ >= 0) H5Fclose(id_);
+    path_ = std::move(other.path_);
+    id_ = other.id_;
+    other.id_ = -1;
+  }
+  return *this;
+}
+
+Hdf5File::~Hdf5File() {
+  if (id_ >= 0) {
+    H5Fclose(id_);
+    H5Eclear2(H5E_DEFAULT);
+  }
+}
+
+int64_t Hdf5File::file_id() const {
+  if (id_ < 0) throw FileError(path_.string() + ": HDF5 file is closed");
+  return id_;
+}
+
+void Hdf5File::close() {
+  hid_t id = file_id();
+  id_ = -1;
+  if (H5Fclose(id) < 0) LMTUNE_H5_FAIL("/", "closing failed");
+}
+
+void Hdf5File::flush() {
+  if (H5Fflush(file_id(), H5F_SCOPE_GLOBAL) < 0) LMTUNE_H5_FAIL("/", "flush failed");
+}
+
+bool Hdf5File::exists(const std::string& object) const {
+  std::string p = normalize(object);
+  if (p == "/") return true;
+  // H5Lexists fails (rather than answering false) when a parent is missing, so walk the path.
+  size_t pos = 0;
+  while ((pos = p.find('/', pos + 1)) != std::string::npos) {
+    htri_t r = H5Lexists(file_id(), p.substr(0, pos).c_str(), H5P_DEFAULT);
+    if (r <= 0) {
+      H5Eclear2(H5E_DEFAULT);
+      return false;
+    }
+  }
+  htri_t r = H5Lexists(file_id(), p.c_str(), H5P_DEFAULT);
+  if (r < 0) H5Eclear2(H5E_DEFAULT);
+  return r > 0;
+}
+
+bool Hdf5File::is_dataset(const std::string& object) const {
+  if (!exists(object)) return false;
+  H5O_info_t info;
+  if (H5Oget_info_by_name(file_id(), normalize(object).c_str(), &info, H5P_DEFAULT) < 0)
+    LMTUNE_H5_FAIL(normalize(object), "cannot inspect object");
+  return info.type == H5O_TYPE_DATASET;
+}
+
+void Hdf5File::create_group(const std::string& group) {
+  std::string p = normalize(group);
+  if (exists(p)) {
+    if (is_dataset(p)) throw FileError(path_.string() + ": " + p + ": exists and is a dataset, not a group");
+    return;
+  }
+  Handle lcpl = link_create_props();
+  Handle g(H5Gcreate2(file_id(), p.c_str(), lcpl.get(), H5P_DEFAULT, H5P_DEFAULT), H5Gclose);
+  if (!g.ok()) LMTUNE_H5_FAIL(p, "cannot create group");
+}
+
+std::vector<std::string> Hdf5File::list(const std::string& group) const {
+  std::string p = normalize(group);
+  if (!exists(p)) throw FileError(path_.string() + ": group '" + p + "' not found");
+  Handle g(H5Gopen2(file_id(), p.c_str(), H5P_DEFAULT), H5Gclose);
+  if (!g.ok()) LMTUNE_H5_FAIL(p, "cannot open group");
+  std::vector<std::string> names;
+  H5Literate(
+      g.get(), H5_INDEX_NAME, H5_ITER_INC, nullptr,
+      [](hid_t, const char* name, const H5L_info_t*, void* out) -> herr_t {
+        static_cast<std::vector<std::string>*>(out)->emplace_back(name);
+        return 0;
+      },
+      &names);
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+namespace {
+
+std::vector<hsize_t> to_dims(const Shape& shape) { return {shape.begin(), shape.end()}; }
+
+}  // namespace
+
+template <H5Element T>
+void Hdf5File::write(const std::string& dataset, std::span<const T> data, const Shape& shape) {
+  std::string p = normalize(dataset);
+  for (int64_t d : shape)
+    if (d < 0) throw FileError(path_.string() + ": dataset '" + p + "': negative dimension in shape " + to_string(shape));
+  if (int64_t(data.size()) != numel(shape))
+    throw FileError(path_.string() + ": dataset '" + p + "': " + std::to_string(data.size()) +
+                    " values do not match shape " + to_string(shape));
+  if (exists(p)) throw FileError(path_.string() + ": dataset '" + p + "' already exists");
+  std::vector<hsize_t> dims = to_dims(shape);
+  Handle space(shape.empty() ? H5Screate(H5S_SCALAR) : H5Screate_simple(int(dims.size()), dims.data(), nullptr),
+               H5Sclose);
+  if (!space.ok()) LMTUNE_H5_FAIL(p, "cannot create dataspace");
+  Handle lcpl = link_create_props();
+  Handle dcpl(H5Pcreate(H5P_DATASET_CREATE), H5Pclose);
+  H5Pset_obj_track_times(dcpl.get(), 0);
+  Handle ds(H5Dcreate2(file_id(), p.c_str(), TypeOf<T>::file(), space.get(), lcpl.get(), dcpl.get(), H5P_DEFAULT),
+            H5Dclose);
+  if (!ds.ok()) LMTUNE_H5_FAIL("dataset '" + p + "'", "cannot create");
+  if (!data.empty() && H5Dwrite(ds.get(), TypeOf<T>::mem(), H5S_ALL, H5S_ALL, H5P_DEFAULT, data.data()) < 0)
+    LMTUNE_H5_FAIL("dataset '" + p + "'", "write failed");
+}
+
+namespace {
+
+// Maps a stored HDF5 type onto lmtune's element types; false for anything else.
+bool elem_type_of(hid_t type, H5ElemType& out) {
+  H5T_class_t cls = H5Tget_class(type);
+  size_t size = H5Tget_size(type);
+  if (cls == H5T_FLOAT && size == 4) { out = H5ElemType::f32; return true; }
+  if (cls != H5T_INTEGER) return false;
+  bool is_signed = H5Tget_sign(type) == H5T_SGN_2;
+  if (is_signed && size == 4) { out = H5ElemType::i32; return true; }
+  if (is_signed && size == 8) { out = H5ElemType::i64; return true; }
+  if (!is_signed && size == 1) { out = H5ElemType::u8; return true; }
+  if (!is_signed && size == 2) { out = H5ElemType::u16; return true; }
+  return false;
+}
+
+}  // namespace
+
+// Opens a dataset or throws a FileError that says whether it is missing.
+#define LMTUNE_OPEN_DATASET(handle, p)                                                                   \
+  if (!exists(p)) throw FileError(path_.string() + ": dataset '" + (p) + "' not found");                 \
+  Handle handle(H5Dopen2(file_id(), (p).c_str(), H5P_DEFAULT), H5Dclose);                                \
+  if (!handle.ok()) LMTUNE_H5_FAIL("dataset '" + (p) + "'", "cannot open (not a dataset, or damaged)")
+
+Shape Hdf5File::shape(const std::string& dataset) const {
+  std::string p = normalize(dataset);
+  LMTUNE_OPEN_DATASET(ds, p);
+  Handle space(H5Dget_space(ds.get()), H5Sclose);
+  int rank = space.ok() ? H5Sget_simple_extent_ndims(space.get()) : -1;
+  if (rank < 0) LMTUNE_H5_FAIL("dataset '" + p + "'", "cannot read dataspace");
+  std::vector<hsize_t> dims(static_cast<size_t>(rank));
+  if (rank > 0) H5Sget_simple_extent_dims(space.get(), dims.data(), nullptr);
+  return {dims.begin(), dims.end()};
+}
+
+H5ElemType Hdf5File::elem_type(const std::string& dataset) const {
+  std::string p = normalize(dataset);
+  LMTUNE_OPEN_DATASET(ds, p);
+  Handle type(H5Dget_type(ds.get()), H5Tclose);
+  H5ElemType t;
+  if (!type.ok() || !elem_type_of(type.get(), t))
+    throw FileError(path_.string() + ": dataset '" + p + "': stored element type is not one of f32, i32, i64, u8, u16");
+  return t;
+}
+
+template <H5Element T>
+std::vector<T> Hdf5File::read(const std::string& dataset, Shape* shape_out) const {
+  std::string p = normalize(dataset);
+  H5ElemType stored = elem_type(p);
+  if (stored != TypeOf<T>::elem)
+    throw FileError(path_.string() + ": dataset '" + p + "' holds " + std::string(h5_elem_type_name(stored)) +
+                    " data, not " + std::string(h5_elem_type_name(TypeOf<T>::elem)));
+  Shape s = shape(p);
+  LMTUNE_OPEN_DATASET(ds, p);
+  std::vector<T> out(size_t(numel(s)));
+  if (!out.empty() && H5Dread(ds.get(), TypeOf<T>::mem(), H5S_ALL, H5S_ALL, H5P_DEFAULT, out.data()) < 0)
+    LMTUNE_H5_FAIL("dataset '" + p + "'", "read failed (damaged file?)");
+  if (shape_out) *shape_out = std::move(s);
+  return out;
+}
+
+template <H5Element T>
+void Hdf5File::create_appendable(const std::string& dataset, size_t chunk_elements) {
+  std::string p = normalize(dataset);
+  if (exists(p)) throw FileError(path_.string() + ": dataset '" + p + "' already exists");
+  hsize_t dims[1] = {0}, max_dims[1] = {H5S_UNLIMITED}, chunk[1] = {std::max<hsize_t>(chunk_elements, 1)};
+  Handle space(H5Screate_simple(1, dims, max_dims), H5Sclose);
+  Handle dcpl(H5Pcreate(H5P_DATASET_CREATE), H5Pclose);
+  H5Pset_chunk(dcpl.get(), 1, chunk);
+  H5Pset_obj_track_times(dcpl.get(), 0);
+  Handle lcpl = link_create_props();
+  Handle ds(H5Dcreate2(file_id(), p.c_str(), TypeOf<T>::file(), space.get(), lcpl.get(), dcpl.get(), H5P_DEFAULT),
+            H5Dclose);
+  if (!ds.ok()) LMTUNE_H5_FAIL("dataset '" + p + "'", "cannot create");
+}
+
+template <H5Element T>
+void Hdf5File::append(const std::string& dataset, std::span<const T> values) {
+  std::string p = normalize(dataset);
+  H5ElemType stored = elem_type(p);
+  if (stored != TypeOf<T>::elem)
+    throw FileError(path_.string() + ": dataset '" + p + "' holds " + std::string(h5_elem_type_name(stored)) +
+                    " data, cannot append " + std::string(h5_elem_type_name(TypeOf<T>::elem)));
+  Shape s = shape(p);
+  if (s.size() != 1) throw FileError(path_.string() + ": dataset '" + p + "' is not 1-D, cannot append");
+  if (values.empty()) return;
+  LMTUNE_OPEN_DATASET(ds, p);
+  hsize_t old_len = hsize_t(s[0]), n = values.size(), new_len = old_len + n;
+  if (H5Dset_extent(ds.get(), &new_len) < 0)
+    LMTUNE_H5_FAIL("dataset '" + p + "'", "cannot grow (not created with create_appendable?)");
+  Handle file_space(H5Dget_space(ds.get()), H5Sclose);
+  H5Sselect_hyperslab(file_space.get(), H5S_SELECT_SET, &old_len, nullptr, &n, nullptr);
+  Handle mem_space(H5Screate_simple(1, &n, nullptr), H5Sclose);
+  if (H5Dwrite(ds.get(), TypeOf<T>::mem(), mem_space.get(), file_space.get(), H5P_DEFAULT, values.data()) < 0)
+    LMTUNE_H5_FAIL("dataset '" + p + "'", "append failed");
+}
+
+// ---- attributes ----
+
+#define LMTUNE_OPEN_OBJECT(handle, p)                                                              \
+  if (!exists(p)) throw FileError(path_.string() + ": object '" + (p) + "' not found");             \
+  Handle handle(H5Oopen(file_id(), (p).c_str(), H5P_DEFAULT), H5Oclose);                            \
+  if (!handle.ok()) LMTUNE_H5_FAIL("object '" + (p) + "'", "cannot open")
+
+namespace {
+
+// Creates (replacing) a scalar attribute of `type` and writes `value` with memory type `mem`.
+void write_scalar_attr(hid_t obj, const std::string& name, hid_t type, hid_t mem, const void* value, bool& ok) {
+  ok = false;
+  if (H5Aexists(obj, name.c_str()) > 0 && H5Adelete(obj, name.c_str()) < 0) return;
+  Handle space(H5Screate(H5S_SCALAR), H5Sclose);
+  Handle attr(H5Acreate2(obj, name.c_str(), type, space.get(), H5P_DEFAULT, H5P_DEFAULT), H5Aclose);
+  if (!attr.ok()) return;
+  ok = H5Awrite(attr.get(), mem, value) >= 0;
+}
+
+}  // namespace
+
+void Hdf5File::set_attr(const std::string& object, const std::string& name, const std::string& value) {
+  std::string p = normalize(object);
+  LMTUNE_OPEN_OBJECT(obj, p);
+  // Variable-length UTF-8 strings: what h5py writes for Python str, so tools read them back as text.
+  Handle type(H5Tcopy(H5T_C_S1), H5Tclose);
+  H5Tset_size(type.get(), H5T_VARIABLE);
+  H5Tset_cset(type.get(), H5T_CSET_UTF8);
+  const char* ptr = value.c_str();
+  bool ok;
+  write_scalar_attr(obj.get(), name, type.get(), type.get(), &ptr, ok);
+  if (!ok) LMTUNE_H5_FAIL("attribute '" + name + "' on '" + p + "'", "write failed");
+}
+
+void Hdf5File::set_attr(const std::string& object, const std::string& name, double value) {
+  std::string p = normalize(object);
+  LMTUNE_OPEN_OBJECT(obj, p);
+  bool ok;
+  write_scalar_attr(obj.get(), name, H5T_IEEE_F64LE, H5T_NATIVE_DOUBLE, &value, ok);
+  if (!ok) LMTUNE_H5_FAIL("attribute '" + name + "' on '" + p + "'", "write failed");
+}
+
+void Hdf5File::set_attr(const std::string& object, const std::string& name, int64_t value) {
+  std::string p = normalize(object);
+  LMTUNE_OPEN_OBJECT(obj, p);
+  bool ok;
+  write_scalar_attr(obj.get(), name, H5T_STD_I64LE, H5T_NATIVE_INT64, &value, ok);
+  if (!ok) LMTUNE_H5_FAIL("attribute '" + name + "' on '" + p + "'", "write failed");
+}
+
+bool Hdf5File::has_attr(const std::string& object, const std::string& name) const {
+  std::string p = normalize(object);
+  if (!exists(p)) return false;
+  htri_t r = H5Aexists_by_name(file_id(), p.c_str(), name.c_str(), H5P_DEFAULT);
+  if (r < 0) H5Eclear2(H5E_DEFAULT);
+  return r > 0;
+}
+
+#define LMTUNE_OPEN_ATTR(handle, p, name)                                                                      \
+  if (!has_attr(p, name)) throw FileError(path_.string() + ": attribute '" + (name) + "' not found on '" + (p) + "'"); \
+  Handle handle(H5Aopen_by_name(file_id(), (p).c_str(), (name).c_str(), H5P_DEFAULT, H5P_DEFAULT), H5Aclose); \
+  if (!handle.ok()) LMTUNE_H5_FAIL("attribute '" + (name) + "' on '" + (p) + "'", "cannot open")
+
+std::string Hdf5File::attr_string(const std::string& object, const std::string& name) const {
+  std::string p = normalize(object);
+  LMTUNE_OPEN_ATTR(attr, p, name);
+  Handle type(H5Aget_type(attr.get()), H5Tclose);
+  if (H5Tget_class(type.get()) != H5T_STRING)
+    throw FileError(path_.string() + ": attribute '" + name + "' on '" + p + "' is not a string");
+  if (H5Tis_variable_str(type.get()) > 0) {
+    char* s = nullptr;
+    Handle mem(H5Tcopy(H5T_C_S1), H5Tclose);
+    H5Tset_size(mem.get(), H5T_VARIABLE);
+    H5Tset_cset(mem.get(), H5Tget_cset(type.get()));
+    if (H5Aread(attr.get(), mem.get(), &s) < 0) LMTUNE_H5_FAIL("attribute '" + name + "' on '" + p + "'", "read failed");
+    std::string out = s ? s : "";
+    H5free_memory(s);
+    return out;
+  }
+  // Fixed-length strings (as other tools may write): strip the padding.
+  std::string out(H5Tget_size(type.get()), '\0');
+  if (H5Aread(attr.get(), type.get(), out.data()) < 0)
+    LMTUNE_H5_FAIL("attribute '" + name + "' on '" + p + "'", "read failed");
+  out.erase(std::find(out.begin(), out.end(), '\0'), out.end());
+  while (!out.empty() && out.back() == ' ' && H5Tget_strpad(type.get()) == H5T_STR_SPACEPAD) out.pop_back();
+  return out;
+}
+
+double Hdf5File::attr_double(const std::string& object, const std::string& name) const {
+  std::string p = normalize(object);
+  LMTUNE_OPEN_ATTR(attr, p, name);
+  Handle type(H5Aget_type(attr.get()), H5Tclose);
+  H5T_class_t cls = H5Tget_class(type.get());
+  if (cls != H5T_FLOAT && cls != H5T_INTEGER)
+    throw FileError(path_.string() + ": attribute '" + name + "' on '" + p + "' is not a number");
+  double v = 0;
+  if (H5Aread(attr.get(), H5T_NATIVE_DOUBLE, &v) < 0)
+    LMTUNE_H5_FAIL("attribute '" + name + "' on '" + p + "'", "read failed");
+  return v;
+}
+
+int64_t Hdf5File::attr_int(const std::string& object, const std::string& name) const {
+  std::string p = normalize(object);
+  LMTUNE_OPEN_ATTR(attr, p, name);
+  Handle type(H5Aget_type(attr.get()), H5Tclose);
+  if (H5Tget_class(type.get()) != H5T_INTEGER)
+    throw FileError(path_.string() + ": attribute '" + name + "' on '" + p + "' is not an integer");
+  int64_t v = 0;
+  if (H5Aread(attr.get(), H5T_NATIVE_INT64, &v) < 0)
+    LMTUNE_H5_FAIL("attribute '" + name + "' on '" + p + "'", "read failed");
+  return v;
+}
+
+// ---- explicit instantiations for the supported element types ----
+
+#define LMTUNE_H5_INSTANTIATE(T)                                                                     \
+  template void Hdf5File::write<T>(const std::string&, std::span<const T>, const Shape&);            \
+  template std::vector<T> Hdf5File::read<T>(const std::string&, Shape*) const;                       \
+  template void Hdf5File::create_appendable<T>(const std::string&, size_t);                          \
+  template void Hdf5File::append<T>(const std::string&, std::span<const T>);
+LMTUNE_H5_INSTANTIATE(float)
+LMTUNE_H5_INSTANTIATE(int32_t)
+LMTUNE_H5_INSTANTIATE(int64_t)
+LMTUNE_H5_INSTANTIATE(uint8_t)
+LMTUNE_H5_INSTANTIATE(uint16_t)
+
+// ---- atomic save ----
+
+void save_hdf5_atomic(const fs::path& path, const std::function<void(Hdf5File&)>& fill) {
+  fs::path tmp = temp_path_next_to(path);
+  try {
+    Hdf5File f = Hdf5File::create(tmp);
+    fill(f);
+    f.close();
+    atomic_rename(tmp, path);
+  } catch (...) {
+    std::error_code ec;
+    fs::remove(tmp, ec);
+    throw;
+  }
+}
+
+}  // namespace lmtune

@@ -1,0 +1,446 @@
+// config.json parsing. Defaults per model_type mirror the transformers config classes (LlamaConfig,
+// MistralConfig, Qwen2Config, Qwen3Config, Gemma2Config, Gemma3TextConfig), so a config that omits a key
+// means what it means to transformers (gemma-3 multimodal configs rely on this for their text_config).
+#include "io/hf_config.h"
+
+#include <cmath>
+#include <numbers>
+
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+#include "io/atomic_file.h"
+#include "io/json_util.h"
+
+namespace lmtune {
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+
+enum class WindowRule { none, all_layers, qwen_upper_layers, gemma2_even_layers, gemma3_pattern };
+
+struct ModelDefaults {
+  const char* model_type;
+  int64_t vocab_size, hidden_size, intermediate_size, num_hidden_layers, num_attention_heads;
+  int64_t num_key_value_heads;  // 0: same as num_attention_heads
+  int64_t head_dim;             // 0: hidden_size / num_attention_heads
+  int64_t max_position_embeddings;
+  double rms_norm_eps;
+  const char* hidden_act;
+  bool tie_word_embeddings;
+  double rope_theta;
+  int64_t sliding_window;  // 0: null
+  WindowRule window_rule;
+  bool gemma;               // (1 + w) norms, sqrt(hidden) embedding scale, sandwich norms, hidden_activation
+  bool qk_norm;
+  bool qkv_bias_always;     // Qwen2 hard-codes bias=True on q/k/v and False on o
+  bool has_attention_bias;  // the attention_bias key exists (else no attention biases unless qkv_bias_always)
+  bool has_mlp_bias;
+  double query_pre_attn_scalar;  // 0: none
+  double attn_logit_softcapping, final_logit_softcapping;  // 0: null
+  bool local_rope;          // sliding layers use rope_local_base_freq
+};
+
+// Values from the transformers config classes' __init__ defaults.
+const ModelDefaults kModels[] = {
+    {"llama", 32000, 4096, 11008, 32, 32, 0, 0, 2048, 1e-6, "silu", false, 10000.0, 0, WindowRule::none,
+     false, false, false, true, true, 0, 0, 0, false},
+    {"mistral", 32000, 4096, 14336, 32, 32, 8, 0, 4096 * 32, 1e-6, "silu", false, 10000.0, 4096,
+     WindowRule::all_layers, false, false, false, false, false, 0, 0, 0, false},
+    {"qwen2", 151936, 4096, 22016, 32, 32, 32, 0, 32768, 1e-6, "silu", false, 10000.0, 4096,
+     WindowRule::qwen_upper_layers, false, false, true, false, false, 0, 0, 0, false},
+    {"qwen3", 151936, 4096, 22016, 32, 32, 32, 128, 32768, 1e-6, "silu", false, 10000.0, 4096,
+     WindowRule::qwen_upper_layers, false, true, false, true, false, 0, 0, 0, false},
+    {"gemma2", 256000, 2304, 9216, 26, 8, 4, 256, 8192, 1e-6, "gelu_pytorch_tanh", true, 10000.0, 4096,
+     WindowRule::gemma2_even_layers, true, false, false, true, false, 256, 50.0, 30.0, false},
+    {"gemma3_text", 262208, 2304, 9216, 26, 8, 4, 256, 131072, 1e-6, "gelu_pytorch_tanh", true, 1e6, 4096,
+     WindowRule::gemma3_pattern, true, true, false, true, false, 256, 0, 0, true},
+};
+
+// Read access to one JSON object with errors naming "<file>: key '<prefix><key>'". A key that is absent or
+// null counts as not given, as in transformers.
+class Scope {
+ public:
+  Scope(const json* obj, std::string where, std::string prefix)
+      : obj_(obj), where_(std::move(where)), prefix_(std::move(prefix)) {}
+
+  const json* get(const char* key) const {
+    if (!obj_) return nullptr;
+    auto it = obj_->find(key);
+    return it == obj_->end() || it->is_null() ? nullptr : &*it;
+  }
+  bool contains(const char* key) const { return obj_ && obj_->contains(key); }  // null counts
+  bool has(const char* key) const { return get(key) != nullptr; }
+
+  [[noreturn]] void fail(const std::string& key, const std::string& problem) const {
+    throw ConfigError(where_ + ": key '" + prefix_ + key + "': " + problem);
+  }
+
+  std::optional<int64_t> opt_int(const char* key) const {
+    const json* v = get(key);
+    if (!v) return std::nullopt;
+    if (v->is_number_integer()) {
+      if (v->is_number_unsigned() && v->get<uint64_t>() > uint64_t(INT64_MAX)) fail(key, "integer out of range");
+      return v->get<int64_t>();
+    }
+    // Some tools write integral values as floats (4096.0).
+    if (v->is_number_float()) {
+      double d = v->get<double>();
+      if (std::isfinite(d) && d == std::floor(d) && std::fabs(d) < 9.0e15) return int64_t(d);
+    }
+    fail(key, "expected an integer, got " + v->dump());
+  }
+  int64_t positive_int(const char* key, int64_t fallback) const {
+    int64_t v = opt_int(key).value_or(fallback);
+    if (v <= 0) fail(key, "must be positive, got " + std::to_string(v));
+    return v;
+  }
+  std::optional<double> opt_num(const char* key) const {
+    const json* v = get(key);
+    if (!v) return std::nullopt;
+    if (!v->is_number()) fail(key, "expected a number, got " + json_type_name(*v));
+    return v->get<double>();
+  }
+  std::optional<bool> opt_bool(const char* key) const {
+    const json* v = get(key);
+    if (!v) return std::nullopt;
+    if (!v->is_boolean()) fail(key, "expected true or false, got " + json_type_name(*v));
+    return v->get<bool>();
+  }
+  std::optional<std::string> opt_str(const char* key) const {
+    const json* v = get(key);
+    if (!v) return std::nullopt;
+    if (!v->is_string()) fail(key, "expected a string, got " + json_type_name(*v));
+    return v->get<std::string>();
+  }
+  // A nested object, or an empty scope when absent/null.
+  Scope sub(const char* key) const {
+    const json* v = get(key);
+    if (v && !v->is_object()) fail(key, "expected an object, got " + json_type_name(*v));
+    return Scope(v, where_, prefix_ + key + ".");
+  }
+  // Token ids: an integer or a list of integers.
+  std::vector<int64_t> int_list(const char* key) const {
+    const json* v = get(key);
+    if (!v) return {};
+    std::vector<int64_t> out;
+    auto one = [&](const json& x) {
+      if (!x.is_number_integer()) fail(key, "expected an integer or a list of integers, got " + v->dump());
+      out.push_back(x.get<int64_t>());
+    };
+    if (v->is_array())
+      for (const json& x : *v) one(x);
+    else
+      one(*v);
+    return out;
+  }
+  const std::string& where() const { return where_; }
+  const std::string& prefix() const { return prefix_; }
+
+ private:
+  const json* obj_;
+  std::string where_;
+  std::string prefix_;
+};
+
+Activation parse_activation(const Scope& s, const char* key, const std::string& name) {
+  if (name == "silu" || name == "swish") return Activation::silu;
+  if (name == "gelu_pytorch_tanh" || name == "gelu_new" || name == "gelu_fast") return Activation::gelu_tanh;
+  if (name == "gelu") return Activation::gelu_erf;
+  s.fail(key, "unsupported activation '" + name + "' (supported: silu, gelu_pytorch_tanh, gelu_new, gelu)");
+}
+
+// One rope dict: rope_scaling (old form, theta given separately) or a rope_parameters entry.
+RopeConfig parse_rope(const Scope& d, double theta) {
+  RopeConfig r;
+  r.theta = d.opt_num("rope_theta").value_or(theta);
+  if (!(r.theta > 0)) d.fail("rope_theta", "must be positive");
+  // transformers reads rope_type, falling back to the legacy key "type".
+  const char* type_key = d.has("rope_type") ? "rope_type" : "type";
+  std::string type = d.opt_str(type_key).value_or("default");
+  auto factor = [&](const char* key) {
+    auto v = d.opt_num(key);
+    if (!v) d.fail(key, "missing (required for rope type '" + type + "')");
+    if (!(*v > 0)) d.fail(key, "must be positive");
+    return *v;
+  };
+  if (type == "default") {
+    r.type = RopeType::standard;
+  } else if (type == "linear") {
+    r.type = RopeType::linear;
+    r.factor = factor("factor");
+  } else if (type == "llama3") {
+    r.type = RopeType::llama3;
+    r.factor = factor("factor");
+    r.low_freq_factor = factor("low_freq_factor");
+    r.high_freq_factor = factor("high_freq_factor");
+    if (!(r.high_freq_factor > r.low_freq_factor)) d.fail("high_freq_factor", "must be greater than low_freq_factor");
+    auto omp = d.opt_int("original_max_position_embeddings");
+    if (!omp) d.fail("original_max_position_embeddings", "missing (required for rope type 'llama3')");
+    if (*omp <= 0) d.fail("original_max_position_embeddings", "must be positive");
+    r.original_max_pos = *omp;
+  } else {
+    d.fail(type_key, "unsupported rope type '" + type + "' (supported: default, linear, llama3)");
+  }
+  return r;
+}
+
+const ModelDefaults& find_model(const Scope& top, const std::string& model_type) {
+  std::string wanted = model_type == "gemma3" ? "gemma3_text" : model_type;
+  for (const ModelDefaults& m : kModels)
+    if (wanted == m.model_type) return m;
+  std::string list;
+  for (const std::string& t : supported_model_types()) list += (list.empty() ? "" : ", ") + t;
+  top.fail("model_type", "unsupported model type '" + model_type + "' (supported: " + list + ")");
+}
+
+}  // namespace
+
+std::string_view rope_type_name(RopeType t) {
+  switch (t) {
+    case RopeType::standard: return "default";
+    case RopeType::linear: return "linear";
+    case RopeType::llama3: return "llama3";
+  }
+  return "?";
+}
+
+std::string_view activation_name(Activation a) {
+  switch (a) {
+    case Activation::silu: return "silu";
+    case Activation::gelu_tanh: return "gelu_pytorch_tanh";
+    case Activation::gelu_erf: return "gelu";
+  }
+  return "?";
+}
+
+const std::vector<std::string>& supported_model_types() {
+  static const std::vector<std::string> types = {"llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3_text",
+                                                 "gemma3"};
+  return types;
+}
+
+std::vector<float> rope_inv_freq(const RopeConfig& rope, int rotary_dim) {
+  if (rotary_dim <= 0 || rotary_dim % 2 != 0)
+    throw ConfigError("rope: rotary dimension must be positive and even, got " + std::to_string(rotary_dim));
+  // Arithmetic follows transformers' f32 tensor code step by step (python scalars become f32 operands).
+  // base^exponent is computed in double and rounded, so results are platform-independent; checked against
+  // torch 1.13 for Llama-3.2 (llama3) and theta 1e6 / dim 128: bit-identical but one value 1 ulp apart.
+  const int half = rotary_dim / 2;
+  std::vector<float> inv(size_t(half), 0.0f);
+  const float base = float(rope.theta);
+  for (int i = 0; i < half; ++i) {
+    float exponent = float(2 * i) / float(rotary_dim);
+    inv[size_t(i)] = 1.0f / float(std::pow(double(base), double(exponent)));
+  }
+  if (rope.type == RopeType::linear) {
+    // Linear scaling divides positions by factor; rotating by (p / factor) * f equals p * (f / factor).
+    for (float& f : inv) f /= float(rope.factor);
+  } else if (rope.type == RopeType::llama3) {
+    const float factor = float(rope.factor);
+    const float low = float(rope.low_freq_factor);
+    const double old_len = double(rope.original_max_pos);
+    const float low_freq_wavelen = float(old_len / rope.low_freq_factor);
+    const float high_freq_wavelen = float(old_len / rope.high_freq_factor);
+    const float two_pi = float(2.0 * std::numbers::pi);
+    for (float& f : inv) {
+      float wavelen = two_pi / f;
+      if (wavelen > low_freq_wavelen) {
+        f = f / factor;  // low frequencies: fully interpolated
+      } else if (!(wavelen < high_freq_wavelen)) {
+        // Medium frequencies: blend between interpolated and original.
+        float smooth = (float(old_len) / wavelen - low) / float(rope.high_freq_factor - rope.low_freq_factor);
+        f = (1.0f - smooth) * f / factor + smooth * f;
+      }  // high frequencies: unchanged
+    }
+  }
+  return inv;
+}
+
+ModelConfig parse_model_config(std::string_view json_text, const std::string& where) {
+  json root = parse_json_strict(json_text, where);
+  if (!root.is_object()) throw ConfigError(where + ": expected a JSON object");
+  Scope top(&root, where, "");
+  ModelConfig c;
+  auto model_type = top.opt_str("model_type");
+  if (!model_type) top.fail("model_type", "missing");
+  c.model_type = *model_type;
+  const ModelDefaults& d = find_model(top, c.model_type);
+  // The multimodal gemma3 config keeps the language model's settings under text_config.
+  Scope s = c.model_type == "gemma3" ? top.sub("text_config") : top;
+
+  if (const json* arch = top.get("architectures"); arch && arch->is_array() && !arch->empty() &&
+                                                    (*arch)[0].is_string())
+    c.architecture = (*arch)[0].get<std::string>();
+  c.torch_dtype = s.opt_str("torch_dtype").value_or(top.opt_str("torch_dtype").value_or(
+      s.opt_str("dtype").value_or(top.opt_str("dtype").value_or(""))));
+
+  c.vocab_size = s.positive_int("vocab_size", d.vocab_size);
+  c.hidden_size = s.positive_int("hidden_size", d.hidden_size);
+  c.intermediate_size = s.positive_int("intermediate_size", d.intermediate_size);
+  c.num_hidden_layers = s.positive_int("num_hidden_layers", d.num_hidden_layers);
+  c.num_attention_heads = s.positive_int("num_attention_heads", d.num_attention_heads);
+  c.num_key_value_heads =
+      s.positive_int("num_key_value_heads", d.num_key_value_heads ? d.num_key_value_heads : c.num_attention_heads);
+  if (c.num_attention_heads % c.num_key_value_heads != 0)
+    s.fail("num_key_value_heads", std::to_string(c.num_key_value_heads) + " does not divide num_attention_heads " +
+                                      std::to_string(c.num_attention_heads));
+  if (s.has("head_dim") || d.head_dim) {
+    c.head_dim = s.positive_int("head_dim", d.head_dim);
+  } else {
+    if (c.hidden_size % c.num_attention_heads != 0)
+      s.fail("num_attention_heads", "hidden_size " + std::to_string(c.hidden_size) + " is not divisible by " +
+                                        std::to_string(c.num_attention_heads) + " heads and head_dim is not given");
+    c.head_dim = c.hidden_size / c.num_attention_heads;
+  }
+  double partial = s.opt_num("partial_rotary_factor").value_or(1.0);
+  c.rotary_dim = int64_t(double(c.head_dim) * partial);
+  if (!(partial > 0 && partial <= 1) || c.rotary_dim <= 0 || c.rotary_dim % 2 != 0)
+    s.fail("partial_rotary_factor", "gives rotary dimension " + std::to_string(c.rotary_dim) +
+                                        "; it must be positive, even and at most head_dim");
+  c.max_position_embeddings = s.positive_int("max_position_embeddings", d.max_position_embeddings);
+  c.rms_norm_eps = s.opt_num("rms_norm_eps").value_or(d.rms_norm_eps);
+  if (!(c.rms_norm_eps >= 0)) s.fail("rms_norm_eps", "must be non-negative");
+
+  // Gemma's modules read hidden_activation; hidden_act is its legacy alias.
+  const char* act_key = d.gemma && s.has("hidden_activation") ? "hidden_activation" : "hidden_act";
+  c.hidden_act = parse_activation(s, act_key, s.opt_str(act_key).value_or(d.hidden_act));
+
+  c.tie_word_embeddings =
+      s.opt_bool("tie_word_embeddings").value_or(top.opt_bool("tie_word_embeddings").value_or(d.tie_word_embeddings));
+
+  bool attention_bias = d.has_attention_bias ? s.opt_bool("attention_bias").value_or(false) : false;
+  c.qkv_bias = d.qkv_bias_always || attention_bias;
+  c.o_bias = attention_bias;
+  c.mlp_bias = d.has_mlp_bias ? s.opt_bool("mlp_bias").value_or(false) : false;
+
+  if (d.query_pre_attn_scalar > 0) {
+    c.query_pre_attn_scalar = s.opt_num("query_pre_attn_scalar").value_or(d.query_pre_attn_scalar);
+    if (!(c.query_pre_attn_scalar > 0)) s.fail("query_pre_attn_scalar", "must be positive");
+    c.attn_scale = float(1.0 / std::sqrt(c.query_pre_attn_scalar));
+  } else {
+    c.attn_scale = float(1.0 / std::sqrt(double(c.head_dim)));
+  }
+  // Soft-capping: an absent key takes the class default, an explicit null turns it off.
+  auto softcap = [&](const char* key, double fallback) {
+    double v = s.contains(key) ? s.opt_num(key).value_or(0.0) : fallback;
+    if (v < 0) s.fail(key, "must be positive or null");
+    return v;
+  };
+  c.attn_logit_softcapping = softcap("attn_logit_softcapping", d.attn_logit_softcapping);
+  c.final_logit_softcapping = softcap("final_logit_softcapping", d.final_logit_softcapping);
+
+  // ---- sliding windows and layer types ----
+  if (d.window_rule != WindowRule::none) {
+    if (s.contains("sliding_window")) c.sliding_window = s.opt_int("sliding_window");
+    else if (d.sliding_window) c.sliding_window = d.sliding_window;
+    if (c.sliding_window && *c.sliding_window <= 0) s.fail("sliding_window", "must be positive or null");
+  }
+  if (d.window_rule == WindowRule::qwen_upper_layers) {
+    c.use_sliding_window = s.opt_bool("use_sliding_window").value_or(false);
+    c.max_window_layers = s.opt_int("max_window_layers").value_or(28);
+    if (!c.use_sliding_window) c.sliding_window.reset();  // transformers ignores the window unless enabled
+  }
+  if (d.window_rule == WindowRule::gemma3_pattern) {
+    c.sliding_window_pattern = s.positive_int("sliding_window_pattern", 6);
+  }
+  const int64_t n_layers = c.num_hidden_layers;
+  if (const json* lt = s.get("layer_types")) {
+    if (!lt->is_array() || int64_t(lt->size()) != n_layers)
+      s.fail("layer_types", "expected a list of " + std::to_string(n_layers) + " strings (one per layer)");
+    for (const json& t : *lt) {
+      if (!t.is_string() || (t != "full_attention" && t != "sliding_attention"))
+        s.fail("layer_types", "entries must be \"full_attention\" or \"sliding_attention\", got " + t.dump());
+      c.layer_types.push_back(t.get<std::string>());
+    }
+  } else {
+    for (int64_t i = 0; i < n_layers; ++i) {
+      bool sliding = false;
+      switch (d.window_rule) {
+        case WindowRule::none: break;
+        case WindowRule::all_layers: sliding = c.sliding_window.has_value(); break;
+        case WindowRule::qwen_upper_layers: sliding = c.sliding_window.has_value() && i >= c.max_window_layers; break;
+        case WindowRule::gemma2_even_layers: sliding = i % 2 == 0; break;
+        case WindowRule::gemma3_pattern: sliding = (i + 1) % c.sliding_window_pattern != 0; break;
+      }
+      c.layer_types.push_back(sliding ? "sliding_attention" : "full_attention");
+    }
+  }
+
+  // ---- rotary embedding ----
+  const double theta = s.opt_num("rope_theta").value_or(d.rope_theta);
+  if (s.has("rope_parameters")) {
+    Scope rp = s.sub("rope_parameters");
+    if (rp.has("full_attention") || rp.has("sliding_attention")) {
+      c.rope = parse_rope(rp.sub("full_attention"), theta);
+      if (rp.has("sliding_attention")) c.rope_local = parse_rope(rp.sub("sliding_attention"), theta);
+    } else {
+      c.rope = parse_rope(rp, theta);
+    }
+  } else {
+    c.rope = parse_rope(s.sub("rope_scaling"), theta);
+  }
+  if (d.local_rope && !c.rope_local) {
+    RopeConfig local;
+    local.theta = s.opt_num("rope_local_base_freq").value_or(10000.0);
+    if (!(local.theta > 0)) s.fail("rope_local_base_freq", "must be positive");
+    c.rope_local = local;
+  }
+
+  c.layers.resize(size_t(n_layers));
+  for (int64_t i = 0; i < n_layers; ++i) {
+    LayerConfig& l = c.layers[size_t(i)];
+    if (c.layer_types[size_t(i)] == "sliding_attention") {
+      if (!c.sliding_window)
+        s.fail("sliding_window", "layer " + std::to_string(i) + " is sliding_attention but no window is set");
+      l.attention = AttentionKind::sliding;
+      l.sliding_window = *c.sliding_window;
+      l.rope = c.rope_local.value_or(c.rope);
+    } else {
+      l.rope = c.rope;
+    }
+  }
+
+  // ---- structure ----
+  c.embed_scale = d.gemma ? float(std::sqrt(double(c.hidden_size))) : 1.0f;
+  c.norm_style = d.gemma ? NormStyle::one_plus_weight : NormStyle::weight;
+  c.qk_norm = d.qk_norm;
+  c.sandwich_norms = d.gemma;
+
+  // Token ids may sit in text_config or at the top level (gemma3).
+  c.eos_token_ids = s.has("eos_token_id") ? s.int_list("eos_token_id") : top.int_list("eos_token_id");
+  c.bos_token_id = s.has("bos_token_id") ? s.opt_int("bos_token_id") : top.opt_int("bos_token_id");
+  c.pad_token_id = s.has("pad_token_id") ? s.opt_int("pad_token_id") : top.opt_int("pad_token_id");
+  return c;
+}
+
+namespace {
+fs::path file_in(const fs::path& path, const char* name) {
+  std::error_code ec;
+  return fs::is_directory(path, ec) ? path / name : path;
+}
+}  // namespace
+
+ModelConfig load_model_config(const fs::path& path) {
+  fs::path file = file_in(path, "config.json");
+  return parse_model_config(read_file_text(file), file.string());
+}
+
+GenerationConfig parse_generation_config(std::string_view json_text, const std::string& where) {
+  json root = parse_json_strict(json_text, where);
+  if (!root.is_object()) throw ConfigError(where + ": expected a JSON object");
+  Scope s(&root, where, "");
+  GenerationConfig g;
+  g.eos_token_ids = s.int_list("eos_token_id");
+  g.bos_token_id = s.opt_int("bos_token_id");
+  g.pad_token_id = s.opt_int("pad_token_id");
+  return g;
+}
+
+GenerationConfig load_generation_config(const fs::path& path) {
+  fs::path file = file_in(path, "generation_config.json");
+  return parse_generation_config(read_file_text(file), file.string());
+}
+
+}  // namespace lmtune

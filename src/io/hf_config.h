@@ -1,0 +1,122 @@
+// HuggingFace config.json / generation_config.json parsing into ModelConfig: sizes, per-layer attention kind
+// and rotary embedding, and the architecture's structural choices (norm style, biases, q/k norms, embedding
+// scale, soft-capping) as plain fields, so model code never branches on model_type strings.
+// Missing keys take the defaults of the transformers config class of that model_type. Wrong keys or values
+// throw ConfigError("<file>: key '<path>': <problem>"); unreadable or malformed JSON throws FileError.
+#pragma once
+#include <cstdint>
+#include <filesystem>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace lmtune {
+
+// Rotary embedding frequency schemes (transformers' rope_type). `standard` is transformers' "default".
+enum class RopeType { standard, linear, llama3 };
+std::string_view rope_type_name(RopeType t);  // "default", "linear", "llama3"
+
+struct RopeConfig {
+  double theta = 10000.0;         // rope_theta (base)
+  RopeType type = RopeType::standard;
+  double factor = 1.0;            // linear, llama3
+  double low_freq_factor = 1.0;   // llama3
+  double high_freq_factor = 4.0;  // llama3
+  int64_t original_max_pos = 0;   // llama3: original_max_position_embeddings
+  bool operator==(const RopeConfig&) const = default;
+};
+
+// Inverse frequencies [rotary_dim / 2] for positions, in f32 as transformers computes them
+// (_compute_default_rope_parameters, _compute_linear_scaling_rope_parameters as inv_freq / factor,
+// _compute_llama3_parameters). Throws ConfigError if rotary_dim is not positive and even.
+std::vector<float> rope_inv_freq(const RopeConfig& rope, int rotary_dim);
+
+enum class Activation { silu, gelu_tanh, gelu_erf };  // silu | gelu_pytorch_tanh, gelu_new | gelu
+std::string_view activation_name(Activation a);
+
+enum class AttentionKind { full, sliding };
+
+struct LayerConfig {
+  AttentionKind attention = AttentionKind::full;
+  int64_t sliding_window = 0;  // > 0 on sliding layers: key j is visible from query i iff i - j < window
+  RopeConfig rope;             // gemma3 sliding layers use rope_local_base_freq
+};
+
+// How RMSNorm applies its weight: x̂ * w, or x̂ * (1 + w) (Gemma; weights are stored as offsets from 1).
+enum class NormStyle { weight, one_plus_weight };
+
+struct ModelConfig {
+  std::string model_type;    // as written in config.json ("gemma3" for the multimodal wrapper)
+  std::string architecture;  // architectures[0], or empty
+  std::string torch_dtype;   // "torch_dtype" or "dtype", or empty
+
+  int64_t vocab_size = 0;
+  int64_t hidden_size = 0;
+  int64_t intermediate_size = 0;
+  int64_t num_hidden_layers = 0;
+  int64_t num_attention_heads = 0;
+  int64_t num_key_value_heads = 0;  // defaults to num_attention_heads
+  int64_t head_dim = 0;             // explicit, or hidden_size / num_attention_heads
+  int64_t rotary_dim = 0;           // head_dim * partial_rotary_factor
+  int64_t max_position_embeddings = 0;
+  double rms_norm_eps = 1e-6;
+  Activation hidden_act = Activation::silu;
+  bool tie_word_embeddings = false;
+
+  // Biases: qkv_bias on q/k/v projections (Qwen2 always; others attention_bias), o_bias on o_proj
+  // (attention_bias, never Qwen2), mlp_bias on gate/up/down (Llama's mlp_bias).
+  bool qkv_bias = false;
+  bool o_bias = false;
+  bool mlp_bias = false;
+
+  // Attention scores are (q · k) * attn_scale: query_pre_attn_scalar^-0.5 (Gemma) or head_dim^-0.5.
+  double query_pre_attn_scalar = 0;  // 0 when the model has none
+  float attn_scale = 0;
+  double attn_logit_softcapping = 0;   // 0 = off
+  double final_logit_softcapping = 0;  // 0 = off
+
+  // Sliding-window settings as read (see `layers` for the per-layer result).
+  std::optional<int64_t> sliding_window;
+  bool use_sliding_window = false;  // qwen2/qwen3
+  int64_t max_window_layers = 0;    // qwen2/qwen3: layers >= this use the window when enabled
+  int64_t sliding_window_pattern = 0;  // gemma3: every Nth layer (1-based) is global
+
+  RopeConfig rope;                       // full-attention layers
+  std::optional<RopeConfig> rope_local;  // sliding layers, when they differ (gemma3)
+  std::vector<std::string> layer_types;  // "full_attention" / "sliding_attention", given or derived
+  std::vector<LayerConfig> layers;       // one per hidden layer
+
+  // Structure of the decoder layer.
+  float embed_scale = 1.0f;  // embeddings are multiplied by this (Gemma: sqrt(hidden_size), rounded to the
+                             // activation dtype by transformers)
+  NormStyle norm_style = NormStyle::weight;
+  bool qk_norm = false;        // RMSNorm over head_dim on q and k before rope (qwen3, gemma3)
+  bool sandwich_norms = false; // gemma2/3: post_attention_layernorm normalizes the attention output and
+                               // pre_/post_feedforward_layernorm wrap the MLP; otherwise
+                               // post_attention_layernorm is the pre-MLP norm (Llama naming)
+
+  std::vector<int64_t> eos_token_ids;
+  std::optional<int64_t> bos_token_id;
+  std::optional<int64_t> pad_token_id;
+};
+
+// model_type values parse_model_config accepts.
+const std::vector<std::string>& supported_model_types();
+
+// `where` names the file in messages.
+ModelConfig parse_model_config(std::string_view json_text, const std::string& where = "config.json");
+// `path` is a config.json file or a directory containing one.
+ModelConfig load_model_config(const std::filesystem::path& path);
+
+struct GenerationConfig {
+  std::vector<int64_t> eos_token_ids;  // eos_token_id: an integer or a list
+  std::optional<int64_t> bos_token_id;
+  std::optional<int64_t> pad_token_id;
+};
+GenerationConfig parse_generation_config(std::string_view json_text,
+                                         const std::string& where = "generation_config.json");
+// `path` is a generation_config.json file or a directory containing one.
+GenerationConfig load_generation_config(const std::filesystem::path& path);
+
+}  // namespace lmtune
