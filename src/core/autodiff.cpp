@@ -34,18 +34,21 @@ Tensor accumulate(const Tensor& acc, const Tensor& g) {
   return ops::add(acc, g.dtype() == acc.dtype() ? g : ops::cast(g, acc.dtype()));
 }
 
-// Nodes reachable from the roots, sorted by seq (ascending).
-std::vector<Node*> collect(const std::vector<Tensor>& roots) {
+// Nodes reachable from the roots, sorted by seq (ascending). Nodes older than min_seq are not entered.
+std::vector<Node*> collect(const std::vector<Tensor>& roots, uint64_t min_seq = 0) {
   std::set<Node*> seen;
   std::vector<Node*> stack, order;
+  auto visit = [&](Node* n) {
+    if (n->seq >= min_seq && seen.insert(n).second) stack.push_back(n);
+  };
   for (const auto& r : roots)
-    if (r.defined() && r.impl()->node && seen.insert(r.impl()->node.get()).second) stack.push_back(r.impl()->node.get());
+    if (r.defined() && r.impl()->node) visit(r.impl()->node.get());
   while (!stack.empty()) {
     Node* n = stack.back();
     stack.pop_back();
     order.push_back(n);
     for (const auto& e : n->edges)
-      if (e.node && seen.insert(e.node.get()).second) stack.push_back(e.node.get());
+      if (e.node) visit(e.node.get());
   }
   std::sort(order.begin(), order.end(), [](Node* a, Node* b) { return a->seq < b->seq; });
   return order;
@@ -59,8 +62,9 @@ void check_grad_shape(const Node& node, size_t i, const Tensor& g) {
 
 // Propagates cotangents from `roots` back through the graph. Returns the gradients of `targets` (zeros where
 // unreached). Other leaves that require grad get theirs accumulated into .grad when accumulate_leaves is set.
+// Nodes older than min_seq belong to an enclosing graph (checkpoint's recomputation): reaching one is an error.
 std::vector<Tensor> run_backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& cotangents,
-                                 const std::vector<Tensor>& targets, bool accumulate_leaves) {
+                                 const std::vector<Tensor>& targets, bool accumulate_leaves, uint64_t min_seq = 0) {
   NoGrad no_grad;
   std::unordered_map<Node*, std::vector<Tensor>> node_grads;
   std::map<TensorImpl*, Tensor> leaf_grads;
@@ -84,11 +88,14 @@ std::vector<Tensor> run_backward(const std::vector<Tensor>& roots, const std::ve
       add_to_leaf(r.impl_ptr(), c);
     }
   }
-  std::vector<Node*> order = collect(roots);
+  std::vector<Node*> order = collect(roots, min_seq);
   for (auto it = order.rbegin(); it != order.rend(); ++it) {
     Node* node = *it;
     auto found = node_grads.find(node);
     if (found == node_grads.end()) continue;
+    if (node->consumed)
+      throw AutodiffError(std::string("backward: the graph through op '") + node->prim->name() +
+                          "' was already used by an earlier backward pass and released; recompute the forward pass");
     std::vector<Tensor> cots = std::move(found->second);
     node_grads.erase(found);
     cots.resize(node->output_shapes.size());
@@ -100,7 +107,14 @@ std::vector<Tensor> run_backward(const std::vector<Tensor>& roots, const std::ve
       for (size_t i = 0; i < node->edges.size() && i < grads.size(); ++i) {
         if (!wanted[i] || !grads[i].defined()) continue;
         check_grad_shape(*node, i, grads[i]);
+        // Cotangents travel in the dtype of the value they belong to.
+        if (grads[i].dtype() != node->input_dtypes[i]) grads[i] = ops::cast(grads[i], node->input_dtypes[i]);
         const Edge& e = node->edges[i];
+        if (e.node && e.node->seq < min_seq)
+          throw AutodiffError(std::string("checkpoint: the checkpointed function uses the output of op '") +
+                              e.node->prim->name() +
+                              "', computed outside it, that requires grad; pass such tensors as inputs of the "
+                              "checkpointed function (only captured leaves, e.g. parameters, are supported)");
         if (e.node) {
           auto& slot = node_grads[e.node.get()];
           slot.resize(e.node->output_shapes.size());
@@ -113,6 +127,7 @@ std::vector<Tensor> run_backward(const std::vector<Tensor>& roots, const std::ve
     // The graph is consumed: release what this node kept for its vjp.
     node->inputs.clear();
     node->outputs.clear();
+    node->consumed = true;
   }
   std::vector<Tensor> out(targets.size());
   std::set<TensorImpl*> target_set;
@@ -157,8 +172,9 @@ class CheckpointPrimitive final : public Primitive {
   std::vector<Tensor> vjp(const Node& node, const std::vector<Tensor>& cots, const std::vector<bool>&) override {
     EnableGrad grad_on;
     std::vector<Tensor> leaves = fresh_leaves(node.inputs);
+    uint64_t first = tape::next_seq();  // nodes of the recomputation come after this
     std::vector<Tensor> outs = fn_(leaves);
-    return run_backward(outs, cots, leaves, /*accumulate_leaves=*/true);
+    return run_backward(outs, cots, leaves, /*accumulate_leaves=*/true, first);
   }
   std::vector<Tensor> jvp(const Node& node, const std::vector<Tensor>& tangents) override {
     EnableGrad grad_on;

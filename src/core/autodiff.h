@@ -28,6 +28,7 @@ struct Node {
   std::vector<Shape> output_shapes;
   std::vector<DType> output_dtypes;
   uint64_t seq = 0;                     // creation order: a node's inputs always have smaller seq
+  bool consumed = false;                // backward ran through it and released the saved tensors
 };
 
 // Gradient recording is on by default; NoGrad turns it off for a scope (evaluation, optimizer updates).

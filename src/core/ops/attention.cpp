@@ -1,0 +1,74 @@
+// Reference attention composed from other ops (no kernels of its own): scores = scale q kᵀ, optional softcap,
+// an additive -inf mask built on the host (causal, sliding window, packed documents), softmax, probs v.
+// Materializes the [B, H, T, S] scores; the fused flash kernel replaces it later, with this as its oracle.
+#include <cmath>
+#include <limits>
+
+#include "core/error.h"
+#include "core/ops.h"
+
+namespace lmtune::ops {
+namespace {
+
+// The additive mask: [T, S] without documents, [B, 1, 1, T, S] with them (it broadcasts over the [B, KV, G, T, S]
+// scores). Undefined when nothing is masked.
+Tensor build_mask(const AttentionOptions& opt, int64_t B, int64_t T, int64_t S, DType dtype, Device device) {
+  bool docs = opt.doc_ids.defined();
+  if (!opt.causal && opt.window <= 0 && !docs) return Tensor();
+  std::vector<int32_t> doc = docs ? opt.doc_ids.to_ints() : std::vector<int32_t>();
+  int64_t nb = docs ? B : 1;
+  const float neg_inf = -std::numeric_limits<float>::infinity();
+  std::vector<float> m(size_t(nb * T * S), 0.0f);
+  for (int64_t b = 0; b < nb; ++b)
+    for (int64_t i = 0; i < T; ++i)
+      for (int64_t j = 0; j < S; ++j) {
+        int64_t qpos = i + opt.q_offset;  // the query's position among the keys
+        bool visible = true;
+        if (opt.causal && j > qpos) visible = false;
+        if (opt.window > 0 && qpos - j >= opt.window) visible = false;
+        if (docs && doc[size_t(b * T + i)] != doc[size_t(b * T + j)]) visible = false;
+        if (!visible) m[size_t((b * T + i) * S + j)] = neg_inf;
+      }
+  Shape shape = docs ? Shape{B, 1, 1, T, S} : Shape{T, S};
+  return Tensor::from_floats(m, shape, dtype, device);
+}
+
+}  // namespace
+
+Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& opt) {
+  auto shapes = [&] { return "q " + to_string(q.shape()) + ", k " + to_string(k.shape()) + ", v " + to_string(v.shape()); };
+  if (q.ndim() != 4 || k.ndim() != 4 || v.ndim() != 4)
+    throw ShapeError("attention: expected q [B, T, H, D] and k, v [B, S, KV, D], got " + shapes());
+  if (k.shape() != v.shape() || q.dim(0) != k.dim(0) || q.dim(3) != k.dim(3))
+    throw ShapeError("attention: shapes do not fit: " + shapes());
+  if (q.dtype() != k.dtype() || q.dtype() != v.dtype() || !is_float(q.dtype()))
+    throw ShapeError("attention: q, k and v must share one float dtype: " + shapes());
+  const int64_t B = q.dim(0), T = q.dim(1), H = q.dim(2), D = q.dim(3), S = k.dim(1), KV = k.dim(2);
+  if (KV == 0 || H % KV != 0)
+    throw ShapeError("attention: query heads must be a multiple of kv heads: " + shapes());
+  if (opt.doc_ids.defined()) {
+    if (opt.doc_ids.dtype() != DType::i32 || opt.doc_ids.shape() != Shape{B, T})
+      throw ShapeError("attention: doc_ids " + to_string(opt.doc_ids.shape()) + " do not fit " + shapes() +
+                       " (expected i32 [B, T])");
+    if (S != T || opt.q_offset != 0)
+      throw ShapeError("attention: packed documents need S == T and q_offset 0: " + shapes());
+  }
+  const int64_t G = H / KV;
+  const float scale = opt.scale > 0 ? opt.scale : 1.0f / std::sqrt(float(D));
+
+  // Grouped-query attention: query head h = kv * G + g uses kv head kv. Group the G query heads of one kv head
+  // into the rows of one matrix: q [B, T, KV, G, D] -> [B, KV, G*T, D], against k [B, KV, S, D].
+  Tensor qg = reshape(permute(reshape(q, {B, T, KV, G, D}), {0, 2, 3, 1, 4}), {B, KV, G * T, D});
+  Tensor kt = permute(k, {0, 2, 3, 1});  // [B, KV, D, S], a transposed view
+  Tensor vh = permute(v, {0, 2, 1, 3});  // [B, KV, S, D]
+  Tensor scores = ops::scale(matmul(qg, kt), scale);
+  if (opt.softcap > 0) scores = ops::scale(tanh(ops::scale(scores, 1.0f / opt.softcap)), opt.softcap);
+  scores = reshape(scores, {B, KV, G, T, S});
+  if (Tensor mask = build_mask(opt, B, T, S, scores.dtype(), q.device()); mask.defined()) scores = add(scores, mask);
+  // Rows with every key masked are all -inf: softmax gives 0 there, so they output 0 (and no NaN).
+  Tensor probs = reshape(softmax(scores, -1), {B, KV, G * T, S});
+  Tensor out = matmul(probs, vh);  // [B, KV, G*T, D]
+  return reshape(permute(reshape(out, {B, KV, G, T, D}), {0, 3, 1, 2, 4}), {B, T, H, D});
+}
+
+}  // namespace lmtune::ops
