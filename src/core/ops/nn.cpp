@@ -154,14 +154,15 @@ std::vector<Tensor> LayerNorm::jvp(const Node& node, const std::vector<Tensor>& 
 
 std::vector<Tensor> Rope::vjp(const Node& node, const std::vector<Tensor>& cot, const std::vector<bool>& wanted) {
   if (!cot[0].defined() || !wanted[0]) return {Tensor(), Tensor(), Tensor()};
-  Tensor g = apply1(std::make_shared<Rope>(layout, !inverse), {cot[0], node.inputs[1], node.inputs[2]},
+  // The kernel reads x as contiguous; cotangents often arrive as strided views (e.g. from attention's permutes).
+  Tensor g = apply1(std::make_shared<Rope>(layout, !inverse), {ops::contiguous(cot[0]), node.inputs[1], node.inputs[2]},
                     {cot[0].shape(), cot[0].dtype()});
   return {g, Tensor(), Tensor()};
 }
 
 std::vector<Tensor> Rope::jvp(const Node& node, const std::vector<Tensor>& t) {
   if (!t[0].defined()) return {Tensor()};
-  return {apply1(std::make_shared<Rope>(layout, inverse), {t[0], node.inputs[1], node.inputs[2]},
+  return {apply1(std::make_shared<Rope>(layout, inverse), {ops::contiguous(t[0]), node.inputs[1], node.inputs[2]},
                  {t[0].shape(), node.output_dtypes[0]})};
 }
 
