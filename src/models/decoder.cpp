@@ -182,10 +182,10 @@ Decoder::Decoder(ModelConfig config, DecoderWeights weights, DType compute_dtype
 }
 
 Tensor Decoder::norm(const Tensor& x, const Tensor& weight) const {
-  // (1 + w) is formed in f32 (as transformers' Gemma RMSNorm) before meeting the activations' dtype.
+  // (1 + w) is formed in f32 as in transformers' Gemma RMSNorm; rms_norm accepts a weight of another dtype.
   Tensor w = config_.norm_style == NormStyle::one_plus_weight ? ops::add_scalar(as_dtype(weight, DType::f32), 1.0f)
                                                                : weight;
-  return ops::rms_norm(x, as_dtype(w, x.dtype()), float(config_.rms_norm_eps));
+  return ops::rms_norm(x, w, float(config_.rms_norm_eps));
 }
 
 Tensor Decoder::layer_forward(int index, const Tensor& x, const Tensor& positions,
@@ -271,7 +271,8 @@ Tensor Decoder::forward_hidden(const Tensor& ids, const Tensor& positions, const
 }
 
 Tensor Decoder::logits(const Tensor& hidden) const {
-  Tensor y = as_dtype(ops::linear(hidden, as_dtype(weights_.lm_head, hidden.dtype())), DType::f32);
+  // Widening the hidden states (not the [N, V] product) gives f32 logits without rounding them to bf16.
+  Tensor y = ops::linear(as_dtype(hidden, DType::f32), weights_.lm_head);
   if (config_.final_logit_softcapping > 0) y = softcap(y, config_.final_logit_softcapping);
   return y;
 }

@@ -8,17 +8,13 @@
 
 namespace lmtune::models {
 
-namespace {
-Tensor as_dtype(const Tensor& t, DType dtype) { return t.dtype() == dtype ? t : ops::cast(t, dtype); }
-}  // namespace
-
 Tensor Linear::operator()(const Tensor& x) const {
-  const DType dt = x.dtype();
-  Tensor y = ops::linear(x, as_dtype(weight, dt), bias.defined() ? as_dtype(bias, dt) : Tensor());
+  // matmul takes mixed operand dtypes (f32 accumulation) and writes x's dtype, so no weight copies are made.
+  Tensor y = ops::linear(x, weight, bias);
   for (const LoraAdapter& a : adapters) {
     // (x Aᵀ) Bᵀ costs R·(in + out) per token instead of materialising B A.
-    Tensor low = ops::linear(x, as_dtype(a.A, dt));
-    Tensor up = ops::linear(low, as_dtype(a.B, dt));
+    Tensor low = ops::linear(x, a.A);
+    Tensor up = ops::linear(low, a.B);
     y = ops::add(y, a.scale == 1.0f ? up : ops::scale(up, a.scale));
   }
   return y;

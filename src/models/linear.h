@@ -25,8 +25,7 @@ class Linear {
   int64_t in_features() const { return weight.dim(1); }
   int64_t out_features() const { return weight.dim(0); }
 
-  // x [..., in] -> [..., out] in x's dtype. The base weight is cast to x's dtype when they differ (weights stay
-  // stored in their own dtype); adapters run in x's dtype too.
+  // x [..., in] -> [..., out] in x's dtype; weights stay in their own dtype (matmul mixes dtypes).
   Tensor operator()(const Tensor& x) const;
 
   // Adds an adapter of rank R: A ~ U(-1/sqrt(in), 1/sqrt(in)) (kaiming-uniform as PEFT), B = 0, both f32 on
