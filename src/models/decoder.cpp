@@ -61,20 +61,14 @@ std::vector<Linear*> DecoderWeights::linears() {
   return out;
 }
 
-std::vector<Tensor> DecoderWeights::trainable() {
+std::vector<Tensor> LayerWeights::trainable() const {
   std::vector<Tensor> out;
   auto add = [&](const Tensor& t) {
     if (t.defined() && t.requires_grad()) out.push_back(t);
   };
-  add(embed);
-  add(final_norm);
-  if (lm_head.impl() != embed.impl()) add(lm_head);
-  for (LayerWeights& l : layers) {
-    for (const Tensor* t : {&l.input_norm, &l.post_attn_norm, &l.pre_mlp_norm, &l.post_mlp_norm, &l.attn.q_norm,
-                            &l.attn.k_norm})
-      add(*t);
-  }
-  for (Linear* lin : linears()) {
+  for (const Tensor* t : {&input_norm, &post_attn_norm, &pre_mlp_norm, &post_mlp_norm, &attn.q_norm, &attn.k_norm})
+    add(*t);
+  for (const Linear* lin : {&attn.q, &attn.k, &attn.v, &attn.o, &mlp.gate, &mlp.up, &mlp.down}) {
     add(lin->weight);
     add(lin->bias);
     for (const LoraAdapter& a : lin->adapters) {
@@ -82,6 +76,19 @@ std::vector<Tensor> DecoderWeights::trainable() {
       add(a.B);
     }
   }
+  return out;
+}
+
+std::vector<Tensor> DecoderWeights::trainable() {
+  std::vector<Tensor> out;
+  auto add = [&](const Tensor& t) {
+    if (t.defined() && t.requires_grad()) out.push_back(t);
+  };
+  add(embed);
+  for (const LayerWeights& l : layers)
+    for (const Tensor& t : l.trainable()) out.push_back(t);
+  add(final_norm);
+  if (lm_head.impl() != embed.impl()) add(lm_head);
   return out;
 }
 
@@ -261,7 +268,13 @@ Tensor Decoder::forward_hidden(const Tensor& ids, const Tensor& positions, const
       Fn layer = [this, i, positions, opt](const std::vector<Tensor>& in) {
         return std::vector<Tensor>{layer_forward(i, in[0], positions, opt)};
       };
-      x = checkpoint(layer)({x})[0];
+      // checkpoint() only runs its backward when an input wants a gradient. Below the first trainable layer
+      // (frozen embeddings) x does not, so the layer's own trainable tensors are passed as extra inputs;
+      // the function reads them through the weights and they receive their gradients as captured leaves.
+      std::vector<Tensor> inputs{x};
+      if (!x.requires_grad() && !x.impl()->node)
+        for (const Tensor& t : weights_.layers[size_t(i)].trainable()) inputs.push_back(t);
+      x = checkpoint(layer)(inputs)[0];
     } else {
       x = layer_forward(i, x, positions, options);
     }

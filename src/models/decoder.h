@@ -32,6 +32,9 @@ struct LayerWeights {
   Tensor post_mlp_norm;   // sandwich norms only: post_feedforward_layernorm on the MLP output
   AttentionWeights attn;
   MlpWeights mlp;
+
+  // This layer's tensors that require grad (adapters, or weights being fully trained).
+  std::vector<Tensor> trainable() const;
 };
 
 struct DecoderWeights {

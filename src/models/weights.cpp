@@ -117,13 +117,15 @@ DecoderWeights load_weights(const ModelConfig& config, const fs::path& checkpoin
   if (!is_float(dtype)) throw ConfigError("load_weights: weight dtype must be f32, f16 or bf16");
   SafetensorsCheckpoint ckpt(checkpoint);
   const NameLayout& layout = detect_layout(ckpt);
+  // Errors name the file: the one .safetensors file, or the index of a sharded checkpoint.
+  const std::string where = ckpt.files().size() == 1 ? ckpt.files()[0].path().string() : ckpt.path().string();
   DecoderWeights w;
   std::set<std::string> used;
   for (const ParamRef& p : parameter_map(config, w)) {
     const std::string name = layout.stored(p.name);
     const SafetensorsTensor* st = ckpt.find(name);
     if (!st)
-      throw FileError(ckpt.path().string() + ": missing tensor '" + name + "' (required by " + config.model_type +
+      throw FileError(where + ": missing tensor '" + name + "' (required by " + config.model_type +
                       " with " + std::to_string(config.num_hidden_layers) + " layers" +
                       (p.name == "lm_head.weight" ? ", tie_word_embeddings false" : "") + ")");
     if (st->shape != p.shape)
