@@ -7,6 +7,7 @@ namespace lmtune::cli {
 
 void add_commands(CLI::App& app, const std::string& device) {
   add_info_command(app, device);
+  add_init_command(app, device);
 }
 
 }  // namespace lmtune::cli
