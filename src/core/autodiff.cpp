@@ -34,6 +34,8 @@ Tensor accumulate(const Tensor& acc, const Tensor& g) {
   return ops::add(acc, g.dtype() == acc.dtype() ? g : ops::cast(g, acc.dtype()));
 }
 
+bool is_checkpoint(const Primitive& prim);  // defined with CheckpointPrimitive below
+
 // Nodes reachable from the roots, sorted by seq (ascending). Nodes older than min_seq are not entered.
 std::vector<Node*> collect(const std::vector<Tensor>& roots, uint64_t min_seq = 0) {
   std::set<Node*> seen;
@@ -102,6 +104,9 @@ std::vector<Tensor> run_backward(const std::vector<Tensor>& roots, const std::ve
     std::vector<bool> wanted(node->edges.size());
     bool any = false;
     for (size_t i = 0; i < wanted.size(); ++i) any |= (wanted[i] = node->edges[i].requires_grad());
+    // A checkpoint's vjp must run even when none of its inputs requires grad: it accumulates the gradients
+    // of the parameters its function captured.
+    any = any || is_checkpoint(*node->prim);
     if (any) {
       std::vector<Tensor> grads = node->prim->vjp(*node, cots, wanted);
       for (size_t i = 0; i < node->edges.size() && i < grads.size(); ++i) {
@@ -184,6 +189,8 @@ class CheckpointPrimitive final : public Primitive {
  private:
   Fn fn_;
 };
+
+bool is_checkpoint(const Primitive& prim) { return dynamic_cast<const CheckpointPrimitive*>(&prim) != nullptr; }
 
 }  // namespace
 

@@ -154,7 +154,7 @@ std::vector<Tensor> LayerNorm::jvp(const Node& node, const std::vector<Tensor>& 
 
 std::vector<Tensor> Rope::vjp(const Node& node, const std::vector<Tensor>& cot, const std::vector<bool>& wanted) {
   if (!cot[0].defined() || !wanted[0]) return {Tensor(), Tensor(), Tensor()};
-  // The kernel reads x as contiguous; cotangents often arrive as strided views (e.g. from attention's permutes).
+  // Kernels take contiguous x (cotangents arrive as arbitrary views).
   Tensor g = apply1(std::make_shared<Rope>(layout, !inverse), {ops::contiguous(cot[0]), node.inputs[1], node.inputs[2]},
                     {cot[0].shape(), cot[0].dtype()});
   return {g, Tensor(), Tensor()};

@@ -1,0 +1,209 @@
+// vjp and jvp of every differentiable op against finite differences of the double references.
+#include "autodiff/gradcheck.h"
+
+namespace lmtune::test {
+namespace {
+
+using A = ref::Array;
+using V = std::vector<Tensor>;
+using RA = std::vector<A>;
+
+TEST(OpGrads, Unary) {
+  struct Case {
+    const char* name;
+    Tensor (*op)(const Tensor&);
+    double (*ref)(double);
+    bool positive;
+  };
+  const std::vector<Case> cases{
+      {"neg", ops::neg, [](double x) { return -x; }, false},
+      {"exp", ops::exp, [](double x) { return std::exp(x); }, false},
+      {"log", ops::log, [](double x) { return std::log(x); }, true},
+      {"sqrt", ops::sqrt, [](double x) { return std::sqrt(x); }, true},
+      {"rsqrt", ops::rsqrt, [](double x) { return 1 / std::sqrt(x); }, true},
+      {"square", ops::square, [](double x) { return x * x; }, false},
+      {"tanh", ops::tanh, [](double x) { return std::tanh(x); }, false},
+      {"sigmoid", ops::sigmoid, [](double x) { return 1 / (1 + std::exp(-x)); }, false},
+      {"silu", ops::silu, [](double x) { return x / (1 + std::exp(-x)); }, false},
+      {"gelu_tanh", ops::gelu_tanh,
+       [](double x) { return 0.5 * x * (1 + std::tanh(std::sqrt(2 / M_PI) * (x + 0.044715 * x * x * x))); }, false},
+      {"gelu_erf", ops::gelu_erf, [](double x) { return 0.5 * x * (1 + std::erf(x / std::sqrt(2.0))); }, false},
+      {"erf", ops::erf, [](double x) { return std::erf(x); }, false},
+      {"scale", [](const Tensor& x) { return ops::scale(x, -1.75f); }, [](double x) { return -1.75 * x; }, false},
+      {"add_scalar", [](const Tensor& x) { return ops::add_scalar(x, 0.5f); }, [](double x) { return x + 0.5; }, false},
+  };
+  for (const auto& c : cases) {
+    LMTUNE_CASE(c.name);
+    Tensor x = f32_input({3, 7}, 5, Layout::transposed, c.positive ? 0.5f : 0.1f, 2.0f, c.positive);
+    check_gradients1(c.op, [&](const A& a) { return ref::unary(a, c.ref); }, x);
+  }
+}
+
+TEST(OpGrads, BinaryWithBroadcast) {
+  struct Case {
+    const char* name;
+    Tensor (*op)(const Tensor&, const Tensor&);
+    double (*ref)(double, double);
+  };
+  const std::vector<Case> cases{
+      {"add", ops::add, [](double a, double b) { return a + b; }},
+      {"sub", ops::sub, [](double a, double b) { return a - b; }},
+      {"mul", ops::mul, [](double a, double b) { return a * b; }},
+      {"div", ops::div, [](double a, double b) { return a / b; }},
+      {"maximum", ops::maximum, [](double a, double b) { return a >= b ? a : b; }},
+  };
+  for (const auto& c : cases) {
+    LMTUNE_CASE(c.name);
+    check_gradients([&](const V& in) { return V{c.op(in[0], in[1])}; },
+                    [&](const RA& in) { return RA{ref::binary(in[0], in[1], c.ref)}; },
+                    {f32_input({3, 1, 5}, 6, Layout::strided), f32_input({4, 5}, 7)});
+  }
+}
+
+TEST(OpGrads, WhereAndMaskedFill) {
+  Tensor cond = Tensor::from_ints({1, 0, 1, 1, 0, 0, 1}, {7, 1}, Device::cpu());
+  A rc = ref::of(cond);
+  check_gradients([&](const V& in) { return V{ops::where(cond, in[0], in[1])}; },
+                  [&](const RA& in) { return RA{ref::where(rc, in[0], in[1])}; },
+                  {f32_input({7, 5}, 8), f32_input({5}, 9)});
+  check_gradients1([&](const Tensor& x) { return ops::masked_fill(x, cond, -2.0f); },
+                   [&](const A& x) { return ref::where(rc, A(Shape{}, {-2.0}), x); }, f32_input({7, 3}, 10));
+}
+
+TEST(OpGrads, Views) {
+  Tensor x = f32_input({3, 4, 5}, 11, Layout::transposed);
+  check_gradients1([](const Tensor& t) { return ops::reshape(t, {5, -1}); }, [](const A& a) { return ref::reshape(a, {5, 12}); }, x);
+  check_gradients1([](const Tensor& t) { return ops::transpose(t, 0, 2); }, [](const A& a) { return ref::transpose(a, 0, 2); }, x);
+  check_gradients1([](const Tensor& t) { return ops::permute(t, {2, 0, 1}); }, [](const A& a) { return ref::permute(a, {2, 0, 1}); }, x);
+  check_gradients1([](const Tensor& t) { return ops::slice(t, 2, 1, 5, 2); }, [](const A& a) { return ref::slice(a, 2, 1, 5, 2); }, x);
+  check_gradients1([](const Tensor& t) { return ops::contiguous(t); }, [](const A& a) { return a; }, x);
+  check_gradients1([](const Tensor& t) { return ops::expand(ops::slice(t, 0, 0, 1), {2, 4, 5}); },
+                   [](const A& a) { return ref::expand(ref::slice(a, 0, 0, 1, 1), {2, 4, 5}); }, x);
+  check_gradients1([](const Tensor& t) { return ops::sum_to_shape(t, {4, 1}); },
+                   [](const A& a) { return ref::reshape(ref::sum(a, {0, 2}, true), {4, 1}); }, x);
+  check_gradients([](const V& in) { return V{ops::concat({in[0], in[1]}, 1)}; },
+                  [](const RA& in) { return RA{ref::concat({in[0], in[1]}, 1)}; },
+                  {f32_input({2, 3, 5}, 12), f32_input({2, 1, 5}, 13, Layout::strided)});
+}
+
+TEST(OpGrads, Reductions) {
+  Tensor x = f32_input({3, 4, 5}, 14, Layout::strided, 0.1f, 3.0f);
+  check_gradients1([](const Tensor& t) { return ops::sum(t, {0, 2}); }, [](const A& a) { return ref::sum(a, {0, 2}, false); }, x);
+  check_gradients1([](const Tensor& t) { return ops::mean(t, {1}, true); },
+                   [](const A& a) { return ref::unary(ref::sum(a, {1}, true), [](double v) { return v / 4; }); }, x);
+  check_gradients1([](const Tensor& t) { return ops::max(t, 1); },
+                   [](const A& a) { return ref::drop_axes(ref::reduce(a, 1, ref::fold_max), {1}); }, x);
+  check_gradients1([](const Tensor& t) { return ops::logsumexp(t, -1, true); },
+                   [](const A& a) { return ref::reduce(a, 2, ref::fold_logsumexp); }, x);
+  check_gradients1([](const Tensor& t) { return ops::topk(t, 2).first; },
+                   [](const A& a) {
+                     A r(Shape{3, 4, 2});
+                     for (int64_t row = 0; row < 12; ++row) {
+                       std::vector<double> v(a.v.begin() + row * 5, a.v.begin() + row * 5 + 5);
+                       std::sort(v.rbegin(), v.rend());
+                       r[row * 2] = v[0];
+                       r[row * 2 + 1] = v[1];
+                     }
+                     return r;
+                   },
+                   x);
+}
+
+TEST(OpGrads, SoftmaxAndCrossEntropy) {
+  Tensor x = f32_input({3, 4, 7}, 15, Layout::transposed, 0.1f, 3.0f);
+  for (int axis : {-1, 1})
+    for (bool log : {false, true}) {
+      LMTUNE_CASE("axis " << axis << " log " << log);
+      check_gradients1([&](const Tensor& t) { return log ? ops::log_softmax(t, axis) : ops::softmax(t, axis); },
+                       [&](const A& a) { return ref::softmax(a, axis < 0 ? 2 : axis, log); }, x);
+    }
+  Tensor targets = Tensor::from_ints({3, -100, 6, 0, 2}, {5}, Device::cpu());
+  auto rt = ref::ints_of(targets);
+  check_gradients1([&](const Tensor& t) { return ops::cross_entropy(t, targets); },
+                   [&](const A& a) { return ref::cross_entropy(a, rt, -100); },
+                   f32_input({5, 7}, 16, Layout::transposed, 0.1f, 3.0f));
+}
+
+TEST(OpGrads, MatmulAndLinear) {
+  check_gradients([](const V& in) { return V{ops::matmul(in[0], in[1])}; },
+                  [](const RA& in) { return RA{ref::matmul(in[0], in[1])}; },
+                  {f32_input({2, 1, 3, 5}, 17, Layout::transposed), f32_input({3, 5, 4}, 18, Layout::strided)});
+  check_gradients([](const V& in) { return V{ops::matmul(in[0], in[1])}; },
+                  [](const RA& in) { return RA{ref::matmul(in[0], in[1])}; },
+                  {f32_input({2, 3, 5}, 19), f32_input({5, 4}, 20, Layout::transposed)});
+  check_gradients([](const V& in) { return V{ops::linear(in[0], in[1], in[2])}; },
+                  [](const RA& in) { return RA{ref::linear(in[0], in[1], &in[2])}; },
+                  {f32_input({2, 3, 5}, 21), f32_input({4, 5}, 22), f32_input({4}, 23)});
+}
+
+TEST(OpGrads, Norms) {
+  check_gradients([](const V& in) { return V{ops::rms_norm(in[0], in[1], 1e-5f)}; },
+                  [](const RA& in) { return RA{ref::rms_norm(in[0], in[1], 1e-5)}; },
+                  {f32_input({3, 7}, 24, Layout::transposed, 0.1f, 2.0f), f32_input({7}, 25, Layout::contiguous, 0.5f, 1.5f)});
+  check_gradients([](const V& in) { return V{ops::layer_norm(in[0], in[1], in[2], 1e-5f)}; },
+                  [](const RA& in) { return RA{ref::layer_norm(in[0], in[1], &in[2], 1e-5)}; },
+                  {f32_input({3, 7}, 26, Layout::strided, 0.1f, 2.0f), f32_input({7}, 27, Layout::contiguous, 0.5f, 1.5f),
+                   f32_input({7}, 28)});
+}
+
+TEST(OpGrads, Rope) {
+  Tensor positions = Tensor::from_ints({0, 1, 2, 7, 9, 300}, {2, 3}, Device::cpu());
+  Tensor inv_freq = Tensor::from_floats({1.0f, 0.1f}, {2}, DType::f32, Device::cpu());  // R = 4 of D = 6
+  auto rp = ref::ints_of(positions);
+  A rf = ref::of(inv_freq);
+  for (auto layout : {ops::RopeLayout::half_split, ops::RopeLayout::interleaved}) {
+    LMTUNE_CASE("layout " << int(layout));
+    check_gradients1([&](const Tensor& x) { return ops::rope(x, positions, inv_freq, layout); },
+                     [&](const A& x) { return ref::rope(x, rp, rf, layout); },
+                     f32_input({2, 3, 2, 6}, 29, Layout::strided));
+    // The cotangent reaching rope is a transposed view here (it must be made contiguous for the kernel).
+    check_gradients1([&](const Tensor& x) { return ops::transpose(ops::rope(x, positions, inv_freq, layout), 1, 2); },
+                     [&](const A& x) { return ref::transpose(ref::rope(x, rp, rf, layout), 1, 2); },
+                     f32_input({2, 3, 2, 6}, 35));
+  }
+}
+
+TEST(OpGrads, EmbeddingAndBackward) {
+  Tensor ids = Tensor::from_ints({3, 0, 4, 3, 3, 1}, {2, 3}, Device::cpu());
+  auto rid = ref::ints_of(ids);
+  check_gradients1([&](const Tensor& w) { return ops::embedding(w, ids); },
+                   [&](const A& w) { return ref::embedding(w, rid, {2, 3}); }, f32_input({5, 4}, 30));
+  check_gradients1([&](const Tensor& g) { return ops::embedding_backward(g, ids, 5); },
+                   [&](const A& g) { return ref::embedding_backward(g, rid, 5); }, f32_input({2, 3, 4}, 31));
+}
+
+TEST(OpGrads, Attention) {
+  struct Case {
+    const char* name;
+    int64_t T, S, H, KV;
+    bool causal;
+    int64_t window;
+    float softcap;
+    bool docs;
+    int64_t q_offset;
+  };
+  const std::vector<Case> cases{{"gqa_causal_softcap", 5, 5, 4, 2, true, 0, 3.0f, false, 0},
+                                {"window_docs", 6, 6, 2, 1, true, 3, 0, true, 0},
+                                {"kv_cache", 2, 5, 2, 2, true, 0, 0, false, 3},
+                                {"masked_rows", 4, 4, 2, 1, true, 0, 0, false, -1}};
+  for (const auto& c : cases) {
+    LMTUNE_CASE(c.name);
+    ops::AttentionOptions opt;
+    opt.causal = c.causal;
+    opt.window = c.window;
+    opt.softcap = c.softcap;
+    opt.q_offset = c.q_offset;
+    ref::AttentionRef ro{0, c.causal, c.window, c.softcap, {}, c.q_offset};
+    if (c.docs) {
+      opt.doc_ids = Tensor::from_ints({0, 0, 1, 1, 1, 2, 4, 4, 4, 4, 5, 5}, {2, 6}, Device::cpu());
+      ro.doc_ids = ref::ints_of(opt.doc_ids);
+    }
+    check_gradients([&](const V& in) { return V{ops::attention(in[0], in[1], in[2], opt)}; },
+                    [&](const RA& in) { return RA{ref::attention(in[0], in[1], in[2], ro)}; },
+                    {f32_input({2, c.T, c.H, 3}, 32, Layout::strided, 0.1f, 1.5f), f32_input({2, c.S, c.KV, 3}, 33, Layout::contiguous, 0.1f, 1.5f),
+                     f32_input({2, c.S, c.KV, 3}, 34)});
+  }
+}
+
+}  // namespace
+}  // namespace lmtune::test

@@ -1,0 +1,67 @@
+// RMSNorm, LayerNorm, rotary embedding (both layouts, partial rotation), embedding and its scatter-add.
+#include "ops/op_test_util.h"
+
+namespace lmtune::test {
+namespace {
+
+TEST_P(OpTest, RmsNormAndLayerNorm) {
+  for (DType dt : float_dtypes())
+    for (Layout l : {Layout::contiguous, Layout::transposed, Layout::strided})
+      for (const Shape& s : {Shape{7, 33}, Shape{2, 3, 65}, Shape{1, 1}}) {
+        LMTUNE_CASE(dtype_name(dt) << " " << layout_name(l) << " " << to_string(s));
+        Tensor x = make_input(s, dt, dev(), 71, l, 0.1f, 3.0f);
+        Tensor w = make_input({s.back()}, dt, dev(), 72, Layout::contiguous, 0.5f, 1.5f);
+        Tensor b = make_input({s.back()}, dt, dev(), 73);
+        ref::Array rx = ref::of(x), rw = ref::of(w), rb = ref::of(b);
+        Tensor y = ops::rms_norm(x, w, 1e-5f);
+        EXPECT_EQ(y.dtype(), dt);
+        EXPECT_TRUE(close(y, ref::rms_norm(rx, rw, 1e-5), dt));
+        EXPECT_TRUE(close(ops::layer_norm(x, w, b, 1e-5f), ref::layer_norm(rx, rw, &rb, 1e-5), dt));
+        EXPECT_TRUE(close(ops::layer_norm(x, w, Tensor(), 1e-6f), ref::layer_norm(rx, rw, nullptr, 1e-6), dt));
+      }
+}
+
+TEST_P(OpTest, LayerNormLargeMean) {
+  // A row with a large common offset: one-pass variance formulas lose everything here.
+  std::vector<float> v = random_values(65, 74);
+  for (float& f : v) f += 1000.0f;
+  Tensor x = Tensor::from_floats(v, {1, 65}, DType::f32, dev());
+  Tensor w = Tensor::full({65}, 1.0f, DType::f32, dev());
+  ref::Array rw = ref::of(w);
+  EXPECT_TRUE(close(ops::layer_norm(x, w, Tensor(), 1e-5f), ref::layer_norm(ref::of(x), rw, nullptr, 1e-5), 1e-8));
+}
+
+TEST_P(OpTest, Rope) {
+  for (DType dt : float_dtypes())
+    for (auto layout : {ops::RopeLayout::half_split, ops::RopeLayout::interleaved})
+      for (int64_t R : {16, 6}) {  // full and partial rotation of D = 16
+        LMTUNE_CASE(dtype_name(dt) << " layout " << int(layout) << " R " << R);
+        Tensor x = make_input({2, 7, 3, 16}, dt, dev(), 75, Layout::strided);
+        std::vector<int32_t> pos;
+        for (int b = 0; b < 2; ++b)
+          for (int t = 0; t < 7; ++t) pos.push_back(b == 0 ? t : 4000 + 3 * t);  // large positions too
+        Tensor positions = Tensor::from_ints(pos, {2, 7}, dev());
+        std::vector<float> inv;
+        for (int64_t i = 0; i < R / 2; ++i) inv.push_back(float(std::pow(10000.0, -2.0 * double(i) / double(R))));
+        Tensor inv_freq = Tensor::from_floats(inv, {R / 2}, DType::f32, dev());
+        Tensor y = ops::rope(x, positions, inv_freq, layout);
+        EXPECT_TRUE(close(y, ref::rope(ref::of(x), ref::ints_of(positions), ref::of(inv_freq), layout), dt));
+      }
+}
+
+TEST_P(OpTest, EmbeddingAndBackward) {
+  for (DType dt : float_dtypes()) {
+    LMTUNE_CASE(dtype_name(dt));
+    Tensor w = make_input({11, 33}, dt, dev(), 76);
+    Tensor ids = Tensor::from_ints({3, 0, 10, 3, 3, 7}, {2, 3}, dev());  // repeats exercise the scatter-add
+    auto rid = ref::ints_of(ids);
+    EXPECT_TRUE(close(ops::embedding(w, ids), ref::embedding(ref::of(w), rid, {2, 3}), 0.0));
+    Tensor g = make_input({2, 3, 33}, dt, dev(), 77, Layout::transposed);
+    Tensor gw = ops::embedding_backward(g, ids, 11);
+    EXPECT_EQ(gw.shape(), (Shape{11, 33}));
+    EXPECT_TRUE(close(gw, ref::embedding_backward(ref::of(g), rid, 11), dt));
+  }
+}
+
+}  // namespace
+}  // namespace lmtune::test
