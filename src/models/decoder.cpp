@@ -268,13 +268,9 @@ Tensor Decoder::forward_hidden(const Tensor& ids, const Tensor& positions, const
       Fn layer = [this, i, positions, opt](const std::vector<Tensor>& in) {
         return std::vector<Tensor>{layer_forward(i, in[0], positions, opt)};
       };
-      // checkpoint() only runs its backward when an input wants a gradient. Below the first trainable layer
-      // (frozen embeddings) x does not, so the layer's own trainable tensors are passed as extra inputs;
-      // the function reads them through the weights and they receive their gradients as captured leaves.
-      std::vector<Tensor> inputs{x};
-      if (!x.requires_grad() && !x.impl()->node)
-        for (const Tensor& t : weights_.layers[size_t(i)].trainable()) inputs.push_back(t);
-      x = checkpoint(layer)(inputs)[0];
+      // Parameters (adapters) are captured, not passed: checkpoint's backward gives captured leaves their
+      // gradients even below the first trainable layer, where x itself needs none.
+      x = checkpoint(layer)({x})[0];
     } else {
       x = layer_forward(i, x, positions, options);
     }

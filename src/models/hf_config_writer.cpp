@@ -85,7 +85,8 @@ json hf_config_json(const ModelConfig& c, const json& extra) {
     j["layer_types"] = c.layer_types;
   } else if (gemma) {
     j["attention_bias"] = c.qkv_bias;
-    j["query_pre_attn_scalar"] = c.query_pre_attn_scalar;
+    const double qs = c.query_pre_attn_scalar;
+    j["query_pre_attn_scalar"] = qs == double(int64_t(qs)) ? json(int64_t(qs)) : json(qs);  // usually an int
     j["attn_logit_softcapping"] = c.attn_logit_softcapping > 0 ? json(c.attn_logit_softcapping) : json(nullptr);
     j["final_logit_softcapping"] = c.final_logit_softcapping > 0 ? json(c.final_logit_softcapping) : json(nullptr);
     j["sliding_window"] = c.sliding_window ? json(*c.sliding_window) : json(nullptr);
