@@ -129,9 +129,13 @@ int64_t tokenizer_vocab_size(const fs::path& dir) {
     if (tok.contains("added_tokens"))
       for (const json& t : tok["added_tokens"]) see(t.value("id", json()));
   } else if (fs::exists(dir / "vocab.json")) {
-    for (const auto& [piece, id] : read_json_file(dir / "vocab.json").items()) see(id);
-    if (fs::exists(dir / "added_tokens.json"))
-      for (const auto& [piece, id] : read_json_file(dir / "added_tokens.json").items()) see(id);
+    // Named locals: a range-for over a temporary's items() would outlive the temporary.
+    const json vocab = read_json_file(dir / "vocab.json");
+    for (const auto& [piece, id] : vocab.items()) see(id);
+    if (fs::exists(dir / "added_tokens.json")) {
+      const json added = read_json_file(dir / "added_tokens.json");
+      for (const auto& [piece, id] : added.items()) see(id);
+    }
   } else {
     throw FileError(dir.string() + ": no tokenizer.json or vocab.json");
   }

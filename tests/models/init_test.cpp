@@ -82,6 +82,23 @@ TEST(Init, ArchMustAgreeWithThePresetAndVocabMustBeKnown) {
   EXPECT_THROW(init_model_dir(o), ConfigError);
 }
 
+TEST(Init, VocabFromVocabJsonAndYamlScalars) {
+  fs::path dir = fresh_dir("tokenizer_vocab_json");
+  write_file_atomic(dir / "vocab.json", std::string(R"({"a": 0, "b": 1, "c": 7})"));
+  write_file_atomic(dir / "added_tokens.json", std::string(R"({"<x>": 9})"));
+  EXPECT_EQ(tokenizer_vocab_size(dir), 10);
+  write_file_atomic(dir / "p.yaml", std::string("a: 1\nb: 1.5e-6\nc: true\nd: null\ne: '12'\nf: silu\ng: [1, 2]\n"));
+  nlohmann::json j = yaml_file_to_json(dir / "p.yaml");
+  EXPECT_EQ(j["a"], 1);
+  EXPECT_TRUE(j["a"].is_number_integer());
+  EXPECT_DOUBLE_EQ(j["b"].get<double>(), 1.5e-6);
+  EXPECT_EQ(j["c"], true);
+  EXPECT_TRUE(j["d"].is_null());
+  EXPECT_EQ(j["e"], "12");
+  EXPECT_EQ(j["f"], "silu");
+  EXPECT_EQ(j["g"], nlohmann::json({1, 2}));
+}
+
 TEST(Init, RealPresetsHavePublishedParameterCounts) {
   auto count = [](const char* name) {
     return parameter_count(parse_model_config(yaml_file_to_json(preset_path(name)).dump(), name));

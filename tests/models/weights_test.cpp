@@ -117,7 +117,7 @@ void expect_same_weights(const ModelConfig& c, DecoderWeights a, DecoderWeights 
 }
 
 TEST(Weights, SaveLoadRoundTripsSingleAndSharded) {
-  for (const std::string& arch : {"qwen2", "mistral", "gemma3_text"}) {
+  for (std::string arch : {"qwen2", "mistral", "gemma3_text"}) {
     ModelConfig c = load_model_config(fixture_dir(arch));
     DecoderWeights w = load_weights(c, fixture_dir(arch), DType::f32, Device::cpu());
     fs::path one = temp_dir("save_one_" + arch), many = temp_dir("save_many_" + arch);
@@ -138,7 +138,7 @@ TEST(Weights, SaveLoadRoundTripsSingleAndSharded) {
 }
 
 TEST(Weights, InitWeightsFollowsTheNormStyle) {
-  for (const std::string& arch : {"llama", "gemma2"}) {
+  for (std::string arch : {"llama", "gemma2"}) {
     ModelConfig c = load_model_config(fixture_dir(arch));
     DecoderWeights w = init_weights(c, 7, 0.02, DType::f32, Device::cpu());
     const float norm = c.norm_style == NormStyle::one_plus_weight ? 0.0f : 1.0f;
