@@ -128,6 +128,20 @@ TEST_P(Parity, Bf16MixedPrecisionForward) {
   EXPECT_LT(e_loss, 2e-2);
 }
 
+// f32 weights with f16 activations: the mixed-dtype matmul path (weights are never copied to the compute dtype).
+TEST_P(Parity, F16ActivationsWithF32Weights) {
+  Reference ref(GetParam().arch);
+  Decoder model = load(DType::f32, DType::f16);
+  const Device d = device();
+  NoGrad no_grad;
+  ForwardOptions opt;
+  opt.doc_ids = ref.int_tensor("doc_ids", d);
+  Tensor logits = model.forward(ref.int_tensor("ids", d), ref.int_tensor("positions", d), opt);
+  double e = rel_err(logits.to_floats(), ref.floats("logits"));
+  std::printf("[parity] %-12s %-9s f16 logits %.2e\n", GetParam().arch.c_str(), GetParam().device.c_str(), e);
+  EXPECT_LT(e, 1e-2);
+}
+
 std::vector<Case> cases() {
   std::vector<Case> out;
   for (const std::string& d : test::test_devices())

@@ -107,6 +107,24 @@ TEST(Weights, MultimodalPrefixesLoad) {
   EXPECT_EQ(rel_err(logits(older), logits(fixture_dir("llama"))), 0.0);
 }
 
+// A gemma-3 multimodal wrapper: text settings under text_config, weights under model.language_model.
+TEST(Weights, Gemma3WrapperConfigAndNamesLoad) {
+  NoGrad no_grad;
+  fs::path dir = rewrite_fixture("gemma3_text", "gemma3_wrapper", [](const std::string& n) {
+    return "model.language_model." + n.substr(6);
+  });
+  nlohmann::json text = nlohmann::json::parse(read_file_text(fixture_dir("gemma3_text") / "config.json"));
+  text.erase("architectures");
+  nlohmann::json wrapper = {{"model_type", "gemma3"}, {"architectures", {"Gemma3ForConditionalGeneration"}},
+                            {"text_config", text}, {"vision_config", {{"hidden_size", 8}}}};
+  write_file_atomic(dir / "config.json", wrapper.dump());
+  Tensor ids = Tensor::from_ints({5, 17, 99, 3, 42, 7}, {1, 6}, Device::cpu());
+  Tensor pos = default_positions(1, 6, Device::cpu());
+  std::vector<float> want =
+      load_decoder(fixture_dir("gemma3_text"), DType::f32, DType::f32, Device::cpu()).forward(ids, pos).to_floats();
+  EXPECT_EQ(rel_err(load_decoder(dir, DType::f32, DType::f32, Device::cpu()).forward(ids, pos).to_floats(), want), 0.0);
+}
+
 void expect_same_weights(const ModelConfig& c, DecoderWeights a, DecoderWeights b) {
   std::vector<ParamRef> pa = parameter_map(c, a), pb = parameter_map(c, b);
   ASSERT_EQ(pa.size(), pb.size());
