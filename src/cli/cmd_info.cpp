@@ -4,6 +4,7 @@
 #include <spdlog/spdlog.h>
 
 #include <cstdio>
+#include <memory>
 
 #include "backend/vulkan/vulkan_backend.h"
 #include "cli/commands.h"
@@ -43,8 +44,20 @@ void run_info(const std::string& device) {
 }  // namespace
 
 void add_info_command(CLI::App& app, const std::string& device) {
-  auto* cmd = app.add_subcommand("info", "List compute devices and the one lmtune will use");
-  cmd->callback([&device] { run_info(device); });
+  auto* cmd = app.add_subcommand("info", "List compute devices and the one lmtune will use; with MODEL_DIR, "
+                                         "describe the model and estimate LoRA training memory");
+  auto model = std::make_shared<std::string>();
+  auto opt = std::make_shared<ModelInfoOptions>();
+  cmd->add_option("model", *model, "model directory (config.json + safetensors)")->check(CLI::ExistingDirectory);
+  cmd->add_option("--seq", opt->seq, "memory estimate: tokens per sequence")->default_val(2048);
+  cmd->add_option("--batch", opt->batch, "memory estimate: sequences per step")->default_val(1);
+  cmd->add_option("--rank", opt->rank, "memory estimate: LoRA rank")->default_val(16);
+  cmd->callback([&device, model, opt] {
+    if (model->empty())
+      run_info(device);
+    else
+      print_model_info(*model, *opt);
+  });
 }
 
 }  // namespace lmtune::cli

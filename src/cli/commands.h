@@ -16,5 +16,12 @@ void apply_device_option(const std::string& device);
 void add_info_command(CLI::App& app, const std::string& device);
 void add_bench_command(CLI::App& app, const std::string& device);
 void add_tokenize_command(CLI::App& app);
+// `lmtune info MODEL_DIR` (cli/model_info.cpp): the model and a LoRA training memory estimate.
+struct ModelInfoOptions {
+  long long seq = 2048, batch = 1, rank = 16;
+};
+void print_model_info(const std::string& model_dir, const ModelInfoOptions& options);
+// `lmtune init --arch A --config preset.yaml [--tokenizer DIR] --out DIR` (cli/cmd_init.cpp).
+void add_init_command(CLI::App& app, const std::string& device);
 
 }  // namespace lmtune::cli

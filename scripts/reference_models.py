@@ -1,0 +1,375 @@
+#!/usr/bin/python3
+"""Independent float64 reference for lmtune's decoder families (tests/models/fixtures/).
+
+Run with Debian's PyTorch:  /usr/bin/python3 scripts/reference_models.py [--out tests/models/fixtures]
+
+For each architecture (llama, llama3 with llama3 rope scaling, mistral, qwen2 with q/k/v biases, qwen3,
+gemma2, gemma3_text) it writes a tiny random checkpoint in HuggingFace layout (config.json + model.safetensors,
+written by the standard-library safetensors writer below; mistral is sharded with an index) and reference.safetensors
+holding the inputs (ids, positions, doc_ids, targets) and the outputs of the PyTorch model written here from the
+papers / the transformers modeling files: logits [B, T, V], the mean cross-entropy over non-ignored targets
+(-100), and the gradients of that loss w.r.t. a few weights ("grad.<hf name>").
+
+Nothing here imports transformers: the model is re-derived so that a shared misunderstanding cannot hide.
+The batch is B=2, T=11: row 0 is one document (positions 0..10), row 1 packs three documents (positions reset
+to 0 at each boundary, attention never crosses a boundary). Sliding windows are 4, so they matter.
+"""
+import argparse
+import json
+import math
+import os
+import shutil
+import struct
+
+import torch
+
+torch.set_default_dtype(torch.float64)
+
+# ---------------------------------------------------------------------------------------------------------------
+# safetensors writer (format: u64 header length, JSON header, raw little-endian data)
+# ---------------------------------------------------------------------------------------------------------------
+_ST_DTYPES = {torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16", torch.int32: "I32",
+              torch.float64: "F64"}
+
+
+def write_safetensors(path, tensors, metadata=None):
+    header = {}
+    if metadata:
+        header["__metadata__"] = metadata
+    blobs, offset = [], 0
+    for name in sorted(tensors):
+        t = tensors[name].contiguous()
+        data = t.view(torch.int16).numpy().tobytes() if t.dtype == torch.bfloat16 else t.numpy().tobytes()
+        header[name] = {"dtype": _ST_DTYPES[t.dtype], "shape": list(t.shape),
+                        "data_offsets": [offset, offset + len(data)]}
+        blobs.append(data)
+        offset += len(data)
+    h = json.dumps(header, separators=(",", ":")).encode()
+    h += b" " * ((8 - len(h) % 8) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(h)))
+        f.write(h)
+        for b in blobs:
+            f.write(b)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The reference model (float64)
+# ---------------------------------------------------------------------------------------------------------------
+def rope_inv_freq(rope, dim):
+    """transformers' _compute_default/linear/llama3 rope parameters, in float64."""
+    inv = 1.0 / (rope["theta"] ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim))
+    kind = rope.get("type", "default")
+    if kind == "linear":
+        return inv / rope["factor"]
+    if kind == "llama3":
+        factor, lo, hi, old = rope["factor"], rope["low_freq_factor"], rope["high_freq_factor"], rope["original_max"]
+        low_wl, high_wl = old / lo, old / hi
+        wavelen = 2 * math.pi / inv
+        scaled = torch.where(wavelen > low_wl, inv / factor, inv)
+        smooth = (old / wavelen - lo) / (hi - lo)
+        smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+        medium = (wavelen >= high_wl) & (wavelen <= low_wl)
+        return torch.where(medium, smoothed, scaled)
+    return inv
+
+
+def apply_rope(x, positions, inv_freq):
+    """x [B, T, H, D], half-split pairs (i, i + D/2) as transformers' rotate_half."""
+    ang = positions.to(torch.float64)[..., None] * inv_freq  # [B, T, D/2]
+    cos = torch.cat([ang.cos(), ang.cos()], -1)[:, :, None, :]
+    sin = torch.cat([ang.sin(), ang.sin()], -1)[:, :, None, :]
+    half = x.shape[-1] // 2
+    rot = torch.cat([-x[..., half:], x[..., :half]], -1)
+    return x * cos + rot * sin
+
+
+def rms_norm(x, w, eps, one_plus):
+    y = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+    return y * (1.0 + w) if one_plus else y * w
+
+
+def act(name, x):
+    if name == "silu":
+        return x * torch.sigmoid(x)
+    if name == "gelu_pytorch_tanh":
+        return 0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x.pow(3))))
+    raise ValueError(name)
+
+
+def linear(p, name, x, bias):
+    y = x @ p[name + ".weight"].T
+    return y + p[name + ".bias"] if bias else y
+
+
+def forward(spec, p, ids, positions, doc_ids):
+    a = spec["arch"]
+    B, T = ids.shape
+    H, KV, D = a["heads"], a["kv_heads"], a["head_dim"]
+    gemma, one_plus = a["gemma"], a["gemma"]
+    x = p["model.embed_tokens.weight"][ids]
+    if gemma:
+        x = x * math.sqrt(a["hidden"])
+    i = torch.arange(T)
+    causal = i[:, None] >= i[None, :]
+    same_doc = doc_ids[:, :, None] == doc_ids[:, None, :]  # [B, T, T]
+    for l in range(a["layers"]):
+        pre = f"model.layers.{l}."
+        window = a["windows"][l]
+        mask = causal[None] & same_doc
+        if window:
+            mask = mask & ((i[:, None] - i[None, :]) < window)[None]
+        # attention
+        h = rms_norm(x, p[pre + "input_layernorm.weight"], a["eps"], one_plus)
+        q = linear(p, pre + "self_attn.q_proj", h, a["qkv_bias"]).view(B, T, H, D)
+        k = linear(p, pre + "self_attn.k_proj", h, a["qkv_bias"]).view(B, T, KV, D)
+        v = linear(p, pre + "self_attn.v_proj", h, a["qkv_bias"]).view(B, T, KV, D)
+        if a["qk_norm"]:
+            q = rms_norm(q, p[pre + "self_attn.q_norm.weight"], a["eps"], one_plus)
+            k = rms_norm(k, p[pre + "self_attn.k_norm.weight"], a["eps"], one_plus)
+        inv = rope_inv_freq(a["ropes"][l], D)
+        q, k = apply_rope(q, positions, inv), apply_rope(k, positions, inv)
+        rep = H // KV
+        k = k.repeat_interleave(rep, dim=2)
+        v = v.repeat_interleave(rep, dim=2)
+        s = torch.einsum("bthd,bshd->bhts", q, k) * a["attn_scale"]
+        if a["attn_softcap"]:
+            s = a["attn_softcap"] * torch.tanh(s / a["attn_softcap"])
+        s = s.masked_fill(~mask[:, None], float("-inf"))
+        o = torch.einsum("bhts,bshd->bthd", torch.softmax(s, -1), v).reshape(B, T, H * D)
+        o = o @ p[pre + "self_attn.o_proj.weight"].T
+        if gemma:
+            o = rms_norm(o, p[pre + "post_attention_layernorm.weight"], a["eps"], one_plus)
+        x = x + o
+        # MLP
+        norm = "pre_feedforward_layernorm" if gemma else "post_attention_layernorm"
+        h = rms_norm(x, p[pre + norm + ".weight"], a["eps"], one_plus)
+        m = act(a["act"], h @ p[pre + "mlp.gate_proj.weight"].T) * (h @ p[pre + "mlp.up_proj.weight"].T)
+        m = m @ p[pre + "mlp.down_proj.weight"].T
+        if gemma:
+            m = rms_norm(m, p[pre + "post_feedforward_layernorm.weight"], a["eps"], one_plus)
+        x = x + m
+    x = rms_norm(x, p["model.norm.weight"], a["eps"], one_plus)
+    head = p["model.embed_tokens.weight"] if a["tied"] else p["lm_head.weight"]
+    logits = x @ head.T
+    if a["final_softcap"]:
+        logits = a["final_softcap"] * torch.tanh(logits / a["final_softcap"])
+    return logits
+
+
+def loss_fn(logits, targets):
+    keep = targets != -100
+    lp = torch.log_softmax(logits[keep], -1)
+    return -lp.gather(-1, targets[keep][:, None].long()).mean()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The fixtures: config.json as transformers writes it + the same architecture in the reference's terms
+# ---------------------------------------------------------------------------------------------------------------
+V, C, I, H, KV = 128, 32, 64, 4, 2
+WINDOW = 4
+
+
+def base_config(model_type, arch_name, layers, **extra):
+    cfg = {"architectures": [arch_name], "model_type": model_type, "vocab_size": V, "hidden_size": C,
+           "intermediate_size": I, "num_hidden_layers": layers, "num_attention_heads": H,
+           "num_key_value_heads": KV, "max_position_embeddings": 128, "rms_norm_eps": 1e-5,
+           "initializer_range": 0.02, "bos_token_id": 1, "eos_token_id": 2, "torch_dtype": "float32"}
+    cfg.update(extra)
+    return cfg
+
+
+def fixtures():
+    """(name, config.json dict, reference arch dict, options)."""
+    out = []
+    std_rope = {"theta": 10000.0}
+
+    def arch(layers, **kw):
+        a = {"layers": layers, "heads": H, "kv_heads": KV, "head_dim": C // H, "hidden": C, "eps": 1e-5,
+             "gemma": False, "qk_norm": False, "qkv_bias": False, "tied": False, "act": "silu",
+             "attn_softcap": 0.0, "final_softcap": 0.0, "windows": [0] * layers, "ropes": [std_rope] * layers}
+        a.update(kw)
+        a["attn_scale"] = a.get("attn_scale", a["head_dim"] ** -0.5)
+        return a
+
+    # Llama 2 style: old rope form (rope_theta, rope_scaling null), untied, silu.
+    out.append(("llama", base_config("llama", "LlamaForCausalLM", 2, hidden_act="silu", rope_theta=10000.0,
+                                     rope_scaling=None, tie_word_embeddings=False, attention_bias=False,
+                                     mlp_bias=False), arch(2), {}))
+    # Llama 3.2 style: llama3 rope scaling (old form with rope_type), tied embeddings, 3 layers.
+    l3 = {"theta": 500000.0, "type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+          "original_max": 64}
+    out.append(("llama3", base_config("llama", "LlamaForCausalLM", 3, hidden_act="silu", rope_theta=500000.0,
+                                      rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                                    "high_freq_factor": 4.0,
+                                                    "original_max_position_embeddings": 64},
+                                      tie_word_embeddings=True, head_dim=16),
+                arch(3, tied=True, head_dim=16, ropes=[l3] * 3), {}))
+    # Mistral: sliding window on every layer; new rope form (rope_parameters); sharded checkpoint.
+    out.append(("mistral", base_config("mistral", "MistralForCausalLM", 2, hidden_act="silu",
+                                       sliding_window=WINDOW, tie_word_embeddings=False,
+                                       rope_parameters={"rope_type": "default", "rope_theta": 1000000.0}),
+                arch(2, windows=[WINDOW] * 2, ropes=[{"theta": 1000000.0}] * 2), {"shards": 2}))
+    # Qwen2.5: q/k/v biases, tied, sliding window on layers >= max_window_layers when enabled.
+    out.append(("qwen2", base_config("qwen2", "Qwen2ForCausalLM", 2, hidden_act="silu", rope_theta=1000000.0,
+                                     rope_scaling=None, tie_word_embeddings=True, use_sliding_window=True,
+                                     sliding_window=WINDOW, max_window_layers=1),
+                arch(2, qkv_bias=True, tied=True, windows=[0, WINDOW], ropes=[{"theta": 1000000.0}] * 2), {}))
+    # Qwen3: explicit head_dim (heads * head_dim != hidden), q/k RMSNorm over head_dim; new rope form.
+    out.append(("qwen3", base_config("qwen3", "Qwen3ForCausalLM", 2, hidden_act="silu", head_dim=16,
+                                     tie_word_embeddings=False, attention_bias=False,
+                                     rope_parameters={"rope_type": "default", "rope_theta": 1000000.0}),
+                arch(2, head_dim=16, qk_norm=True, ropes=[{"theta": 1000000.0}] * 2), {}))
+    # Gemma 2: sandwich norms, (1+w) norms, sqrt(hidden) embedding scale, GeGLU-tanh, attention and final
+    # soft-capping (small caps so that they bite), query_pre_attn_scalar, alternating sliding layers.
+    out.append(("gemma2", base_config("gemma2", "Gemma2ForCausalLM", 3, head_dim=16,
+                                      hidden_activation="gelu_pytorch_tanh", query_pre_attn_scalar=24,
+                                      attn_logit_softcapping=2.0, final_logit_softcapping=3.0,
+                                      sliding_window=WINDOW, rope_theta=10000.0, tie_word_embeddings=True,
+                                      rms_norm_eps=1e-6, pad_token_id=0),
+                arch(3, gemma=True, tied=True, head_dim=16, act="gelu_pytorch_tanh", attn_scale=24 ** -0.5,
+                     attn_softcap=2.0, final_softcap=3.0, windows=[WINDOW, 0, WINDOW], eps=1e-6), {}))
+    # Gemma 3 text: q/k norms with (1+w), sliding pattern (every 2nd layer global), local rope base for sliding
+    # layers and linear-scaled global rope, in the new nested rope_parameters form.
+    g3_global = {"theta": 100000.0, "type": "linear", "factor": 4.0}
+    g3_local = {"theta": 10000.0}
+    out.append(("gemma3_text", base_config("gemma3_text", "Gemma3ForCausalLM", 3, head_dim=16,
+                                           hidden_activation="gelu_pytorch_tanh", query_pre_attn_scalar=16,
+                                           sliding_window=WINDOW, sliding_window_pattern=2,
+                                           final_logit_softcapping=None, attn_logit_softcapping=None,
+                                           tie_word_embeddings=True, rms_norm_eps=1e-6, pad_token_id=0,
+                                           rope_parameters={
+                                               "full_attention": {"rope_type": "linear", "factor": 4.0,
+                                                                  "rope_theta": 100000.0},
+                                               "sliding_attention": {"rope_type": "default",
+                                                                     "rope_theta": 10000.0}}),
+                arch(3, gemma=True, tied=True, head_dim=16, act="gelu_pytorch_tanh", qk_norm=True,
+                     attn_scale=16 ** -0.5, windows=[WINDOW, 0, WINDOW], eps=1e-6,
+                     ropes=[g3_local, g3_global, g3_local]), {}))
+    return out
+
+
+def make_params(a, gen):
+    """HF tensor names -> float64 tensors (values rounded through float32, the stored dtype)."""
+    D, L = a["head_dim"], a["layers"]
+
+    def rnd(*shape, std):
+        return (torch.randn(*shape, generator=gen) * std).float().double()
+
+    def norm(n):  # weights near 1 (or near 0 for Gemma's (1 + w)) but not exactly, so mistakes show
+        return rnd(n, std=0.1) + (0.0 if a["gemma"] else 1.0)
+
+    p = {"model.embed_tokens.weight": rnd(V, C, std=0.25 if a["tied"] else 1.0), "model.norm.weight": norm(C)}
+    if not a["tied"]:
+        p["lm_head.weight"] = rnd(V, C, std=C ** -0.5)
+    for l in range(L):
+        pre = f"model.layers.{l}."
+        p[pre + "input_layernorm.weight"] = norm(C)
+        p[pre + "post_attention_layernorm.weight"] = norm(C)
+        if a["gemma"]:
+            p[pre + "pre_feedforward_layernorm.weight"] = norm(C)
+            p[pre + "post_feedforward_layernorm.weight"] = norm(C)
+        for name, out_dim in (("q_proj", H * D), ("k_proj", KV * D), ("v_proj", KV * D)):
+            p[pre + f"self_attn.{name}.weight"] = rnd(out_dim, C, std=C ** -0.5)
+            if a["qkv_bias"]:
+                p[pre + f"self_attn.{name}.bias"] = rnd(out_dim, std=0.3)
+        p[pre + "self_attn.o_proj.weight"] = rnd(C, H * D, std=(H * D) ** -0.5)
+        if a["qk_norm"]:
+            p[pre + "self_attn.q_norm.weight"] = norm(D)
+            p[pre + "self_attn.k_norm.weight"] = norm(D)
+        p[pre + "mlp.gate_proj.weight"] = rnd(I, C, std=C ** -0.5)
+        p[pre + "mlp.up_proj.weight"] = rnd(I, C, std=C ** -0.5)
+        p[pre + "mlp.down_proj.weight"] = rnd(C, I, std=I ** -0.5)
+    return p
+
+
+def make_batch(gen):
+    T = 11
+    ids = torch.randint(0, V, (2, T), generator=gen, dtype=torch.int32)
+    docs = [[0] * T, [0] * 4 + [1] * 5 + [2] * 2]
+    doc_ids = torch.tensor(docs, dtype=torch.int32)
+    positions = []
+    for row in docs:
+        pos, prev, n = [], None, 0
+        for d in row:
+            n = 0 if d != prev else n + 1
+            prev = d
+            pos.append(n)
+        positions.append(pos)
+    positions = torch.tensor(positions, dtype=torch.int32)
+    targets = torch.randint(0, V, (2, T), generator=gen, dtype=torch.int32)
+    targets[0, 3] = -100
+    targets[1, 3] = -100  # last token of document 0 in the packed row
+    targets[1, 8] = -100
+    targets[1, 10] = -100
+    return ids, positions, doc_ids, targets
+
+
+def grad_names(a):
+    L = a["layers"]
+    names = ["model.embed_tokens.weight", "model.layers.0.self_attn.q_proj.weight",
+             f"model.layers.{L - 1}.mlp.down_proj.weight", "model.norm.weight"]
+    if a["qkv_bias"]:
+        names.append("model.layers.0.self_attn.k_proj.bias")
+    if a["qk_norm"]:
+        names.append("model.layers.0.self_attn.k_norm.weight")
+    if a["gemma"]:
+        names.append(f"model.layers.{L - 1}.post_feedforward_layernorm.weight")
+    return names
+
+
+def write_fixture(root, name, cfg, a, opts, seed):
+    gen = torch.Generator().manual_seed(seed)
+    p = make_params(a, gen)
+    ids, positions, doc_ids, targets = make_batch(gen)
+    wanted = grad_names(a)
+    for n in wanted:
+        p[n].requires_grad_(True)
+    logits = forward({"arch": a}, p, ids.long(), positions, doc_ids)
+    loss = loss_fn(logits, targets)
+    loss.backward()
+
+    d = os.path.join(root, name)
+    shutil.rmtree(d, ignore_errors=True)
+    os.makedirs(d)
+    with open(os.path.join(d, "config.json"), "w") as f:
+        json.dump(cfg, f, indent=2)
+        f.write("\n")
+    weights = {k: v.detach().float() for k, v in p.items()}
+    shards = opts.get("shards", 1)
+    if shards == 1:
+        write_safetensors(os.path.join(d, "model.safetensors"), weights, {"format": "pt"})
+    else:
+        names = sorted(weights)
+        weight_map, total = {}, 0
+        for s in range(shards):
+            part = names[s::shards]
+            fname = f"model-{s + 1:05d}-of-{shards:05d}.safetensors"
+            write_safetensors(os.path.join(d, fname), {k: weights[k] for k in part}, {"format": "pt"})
+            for k in part:
+                weight_map[k] = fname
+                total += weights[k].numel() * 4
+        with open(os.path.join(d, "model.safetensors.index.json"), "w") as f:
+            json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, f, indent=2)
+            f.write("\n")
+    ref = {"ids": ids, "positions": positions, "doc_ids": doc_ids, "targets": targets,
+           "logits": logits.detach().float(), "loss": loss.detach().reshape(1).float()}
+    for n in wanted:
+        ref["grad." + n] = p[n].grad.float()
+    write_safetensors(os.path.join(d, "reference.safetensors"), ref,
+                      {"loss_f64": repr(loss.item()), "generator": "scripts/reference_models.py"})
+    print(f"{name:12s} loss {loss.item():.6f}  |logits| max {logits.abs().max().item():.3f}  grads {len(wanted)}")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    here = os.path.dirname(os.path.abspath(__file__))
+    ap.add_argument("--out", default=os.path.join(here, "..", "tests", "models", "fixtures"))
+    args = ap.parse_args()
+    os.makedirs(args.out, exist_ok=True)
+    for seed, (name, cfg, a, opts) in enumerate(fixtures()):
+        write_fixture(args.out, name, cfg, a, opts, 1234 + seed)
+
+
+if __name__ == "__main__":
+    main()

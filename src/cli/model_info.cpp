@@ -1,0 +1,87 @@
+// `lmtune info MODEL_DIR`: what a model directory holds (architecture, sizes, parameters, dtype, layer types) and
+// an estimate of the memory LoRA training needs (formula: docs/models.md, "Memory estimate").
+#include <CLI/CLI.hpp>
+
+#include <cstdio>
+#include <map>
+
+#include "cli/commands.h"
+#include "io/hf_config.h"
+#include "io/safetensors.h"
+#include "models/memory.h"
+#include "models/weights.h"
+
+namespace lmtune::cli {
+namespace {
+
+std::string gib(uint64_t bytes) {
+  char buf[32];
+  if (bytes >= (1ull << 30))
+    std::snprintf(buf, sizeof buf, "%.2f GiB", double(bytes) / double(1ull << 30));
+  else
+    std::snprintf(buf, sizeof buf, "%.1f MiB", double(bytes) / double(1ull << 20));
+  return buf;
+}
+
+}  // namespace
+
+void print_model_info(const std::string& model_dir, const ModelInfoOptions& opt) {
+  ModelConfig c = load_model_config(model_dir);
+  // The dtype of the stored weights (the most common one), when weights are present.
+  std::string stored = c.torch_dtype.empty() ? "unknown" : c.torch_dtype;
+  DType weight_dtype = c.torch_dtype == "float32" ? DType::f32 : c.torch_dtype == "float16" ? DType::f16 : DType::bf16;
+  std::error_code ec;
+  if (std::filesystem::exists(std::filesystem::path(model_dir) / "model.safetensors", ec) ||
+      std::filesystem::exists(std::filesystem::path(model_dir) / "model.safetensors.index.json", ec)) {
+    SafetensorsCheckpoint ckpt(model_dir);
+    std::map<std::string, int64_t> counts;
+    for (const std::string& n : ckpt.names()) counts[std::string(st_dtype_name(ckpt.at(n).st_dtype))]++;
+    std::string most;
+    for (const auto& [name, n] : counts)
+      if (most.empty() || n > counts[most]) most = name;
+    stored = most + " (" + std::to_string(ckpt.size()) + " tensors in " + std::to_string(ckpt.files().size()) +
+             " file" + (ckpt.files().size() == 1 ? "" : "s") + ")";
+    if (auto d = parse_st_dtype(most); d && to_lmtune_dtype(*d)) weight_dtype = *to_lmtune_dtype(*d);
+  }
+  int64_t sliding = 0;
+  for (const LayerConfig& l : c.layers) sliding += l.attention == AttentionKind::sliding;
+  const int64_t params = models::parameter_count(c);
+
+  std::printf("model %s\n", model_dir.c_str());
+  std::printf("  architecture    %s%s\n", c.model_type.c_str(),
+              c.architecture.empty() ? "" : (" (" + c.architecture + ")").c_str());
+  std::printf("  layers          %lld (%lld full attention, %lld sliding window%s)\n", (long long)c.num_hidden_layers,
+              (long long)(c.num_hidden_layers - sliding), (long long)sliding,
+              c.sliding_window ? (" " + std::to_string(*c.sliding_window)).c_str() : "");
+  std::printf("  heads           %lld query, %lld key/value, head_dim %lld\n", (long long)c.num_attention_heads,
+              (long long)c.num_key_value_heads, (long long)c.head_dim);
+  std::printf("  hidden          %lld, intermediate %lld, vocab %lld\n", (long long)c.hidden_size,
+              (long long)c.intermediate_size, (long long)c.vocab_size);
+  std::printf("  parameters      %lld (%.1fM)%s\n", (long long)params, double(params) / 1e6,
+              c.tie_word_embeddings ? ", tied embeddings" : "");
+  std::printf("  dtype           %s\n", stored.c_str());
+  std::printf("  rope            theta %g, %s%s\n", c.rope.theta, std::string(rope_type_name(c.rope.type)).c_str(),
+              c.rope_local ? (", sliding layers theta " + std::to_string(c.rope_local->theta)).c_str() : "");
+  if (c.attn_logit_softcapping > 0 || c.final_logit_softcapping > 0)
+    std::printf("  soft-capping    attention %g, final %g\n", c.attn_logit_softcapping, c.final_logit_softcapping);
+
+  models::TrainingMemoryOptions mo;
+  mo.batch = opt.batch;
+  mo.seq = opt.seq;
+  mo.rank = opt.rank;
+  mo.weight_dtype = weight_dtype;
+  mo.compute_dtype = weight_dtype;
+  models::TrainingMemoryEstimate e = models::estimate_training_memory(c, mo);
+  std::printf("memory estimate, LoRA training (batch %lld, seq %lld, rank %lld on q/k/v/o/gate/up/down, %s):\n",
+              (long long)opt.batch, (long long)opt.seq, (long long)opt.rank, std::string(dtype_name(weight_dtype)).c_str());
+  std::printf("  weights         %s\n", gib(e.weights).c_str());
+  std::printf("  LoRA params     %s (%lld parameters)\n", gib(e.lora_params).c_str(), (long long)e.lora_param_count);
+  std::printf("  LoRA grads      %s\n", gib(e.lora_grads).c_str());
+  std::printf("  AdamW moments   %s\n", gib(e.optimizer).c_str());
+  std::printf("  activations     %s without checkpointing, %s with (logits %s)\n", gib(e.activations).c_str(),
+              gib(e.activations_checkpointed).c_str(), gib(e.logits).c_str());
+  std::printf("  total           %s without checkpointing, %s with\n", gib(e.total(false)).c_str(),
+              gib(e.total(true)).c_str());
+}
+
+}  // namespace lmtune::cli

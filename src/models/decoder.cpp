@@ -1,0 +1,346 @@
+// The decoder forward pass (see decoder.h), the KV cache and the loss.
+//
+// One layer, with x the residual stream [B, T, C]:
+//   h = norm(x, input_norm)
+//   q, k, v = q_proj(h), k_proj(h), v_proj(h)            heads split: [B, T, H|KV, D]
+//   q, k = norm(q, q_norm), norm(k, k_norm)               qk_norm (Qwen3, Gemma 3), over D
+//   q, k = rope(q), rope(k)                              per-layer inverse frequencies
+//   a = attention(q, k, v)                               causal, window, soft-cap, GQA, documents, cache
+//   a = o_proj(a);  a = norm(a, post_attn_norm)           the latter with sandwich norms (Gemma 2/3)
+//   x = x + a
+//   h = norm(x, pre_mlp_norm)
+//   m = down_proj(act(gate_proj(h)) * up_proj(h));  m = norm(m, post_mlp_norm)   (sandwich norms)
+//   x = x + m
+// followed by the final norm, lm_head and optional final soft-capping. Norms are RMSNorm with weight w or
+// (1 + w) (Gemma). The embedding is scaled by sqrt(C) for Gemma, the scale rounded to the compute dtype as
+// transformers does.
+#include "models/decoder.h"
+
+#include <cmath>
+
+#include "core/autodiff.h"
+#include "core/error.h"
+#include "core/ops.h"
+#include "core/ops/view.h"
+
+namespace lmtune::models {
+
+namespace {
+
+Tensor as_dtype(const Tensor& t, DType dtype) { return t.dtype() == dtype ? t : ops::cast(t, dtype); }
+
+// A host float rounded to what a tensor of `dtype` would hold.
+float round_to(float v, DType dtype) {
+  switch (dtype) {
+    case DType::bf16: return bf16_to_f32(f32_to_bf16(v));
+    case DType::f16: return f16_to_f32(f32_to_f16(v));
+    default: return v;
+  }
+}
+
+Tensor softcap(const Tensor& x, double cap) {
+  return ops::scale(ops::tanh(ops::scale(x, float(1.0 / cap))), float(cap));
+}
+
+void check_ids(const Tensor& t, const char* what, const Shape& shape) {
+  if (t.dtype() != DType::i32 || t.shape() != shape)
+    throw ShapeError(std::string("decoder: ") + what + " must be i32 " + to_string(shape) + ", got " +
+                     std::string(dtype_name(t.dtype())) + " " + to_string(t.shape()));
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------------------------
+// Weights
+
+std::vector<Linear*> DecoderWeights::linears() {
+  std::vector<Linear*> out;
+  for (LayerWeights& l : layers)
+    for (Linear* p : {&l.attn.q, &l.attn.k, &l.attn.v, &l.attn.o, &l.mlp.gate, &l.mlp.up, &l.mlp.down})
+      out.push_back(p);
+  return out;
+}
+
+std::vector<Tensor> LayerWeights::trainable() const {
+  std::vector<Tensor> out;
+  auto add = [&](const Tensor& t) {
+    if (t.defined() && t.requires_grad()) out.push_back(t);
+  };
+  for (const Tensor* t : {&input_norm, &post_attn_norm, &pre_mlp_norm, &post_mlp_norm, &attn.q_norm, &attn.k_norm})
+    add(*t);
+  for (const Linear* lin : {&attn.q, &attn.k, &attn.v, &attn.o, &mlp.gate, &mlp.up, &mlp.down}) {
+    add(lin->weight);
+    add(lin->bias);
+    for (const LoraAdapter& a : lin->adapters) {
+      add(a.A);
+      add(a.B);
+    }
+  }
+  return out;
+}
+
+std::vector<Tensor> DecoderWeights::trainable() {
+  std::vector<Tensor> out;
+  auto add = [&](const Tensor& t) {
+    if (t.defined() && t.requires_grad()) out.push_back(t);
+  };
+  add(embed);
+  for (const LayerWeights& l : layers)
+    for (const Tensor& t : l.trainable()) out.push_back(t);
+  add(final_norm);
+  if (lm_head.impl() != embed.impl()) add(lm_head);
+  return out;
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// KV cache
+
+KvCache::KvCache(const ModelConfig& config, int64_t batch, DType dtype, Device device, int64_t chunk,
+                 bool bound_sliding)
+    : layers_(size_t(config.num_hidden_layers)),
+      batch_(batch),
+      kv_heads_(config.num_key_value_heads),
+      head_dim_(config.head_dim),
+      chunk_(chunk > 0 ? chunk : 256),
+      dtype_(dtype),
+      device_(device) {
+  for (size_t i = 0; i < layers_.size(); ++i) {
+    const LayerConfig& lc = config.layers[i];
+    if (bound_sliding && lc.attention == AttentionKind::sliding) layers_[i].window = lc.sliding_window;
+  }
+}
+
+void KvCache::clear() {
+  for (Layer& l : layers_) l.used = 0;
+  length_ = 0;
+}
+
+size_t KvCache::bytes() const {
+  size_t n = 0;
+  for (const Layer& l : layers_)
+    if (l.k.defined()) n += l.k.nbytes() + l.v.nbytes();
+  return n;
+}
+
+void KvCache::reserve(Layer& l, int64_t tokens) {
+  int64_t capacity = l.k.defined() ? l.k.dim(1) : 0;
+  if (tokens <= capacity) return;
+  int64_t grown = (tokens + chunk_ - 1) / chunk_ * chunk_;
+  Shape shape{batch_, grown, kv_heads_, head_dim_};
+  Tensor k = Tensor::empty(shape, dtype_, device_), v = Tensor::empty(shape, dtype_, device_);
+  if (l.used > 0) {
+    copy_into(Slice(1, 0, l.used, 1).apply_to(k), Slice(1, 0, l.used, 1).apply_to(l.k));
+    copy_into(Slice(1, 0, l.used, 1).apply_to(v), Slice(1, 0, l.used, 1).apply_to(l.v));
+  }
+  l.k = k;
+  l.v = v;
+}
+
+KvCache::View KvCache::append(int layer, const Tensor& k, const Tensor& v) {
+  if (layer < 0 || size_t(layer) >= layers_.size())
+    throw ShapeError("kv cache: layer " + std::to_string(layer) + " out of range");
+  Shape expect{batch_, k.dim(1), kv_heads_, head_dim_};
+  if (k.shape() != expect || v.shape() != expect)
+    throw ShapeError("kv cache: expected keys/values " + to_string(expect) + ", got " + to_string(k.shape()) +
+                     " and " + to_string(v.shape()));
+  Layer& l = layers_[size_t(layer)];
+  // A bounded sliding layer drops what no future query can see: keep the last window - 1 tokens.
+  if (l.window > 0 && l.used > l.window - 1) {
+    int64_t keep = l.window - 1;
+    if (keep > 0) {
+      Tensor tail_k = ops::contiguous(Slice(1, l.used - keep, l.used, 1).apply_to(l.k));
+      Tensor tail_v = ops::contiguous(Slice(1, l.used - keep, l.used, 1).apply_to(l.v));
+      copy_into(Slice(1, 0, keep, 1).apply_to(l.k), tail_k);
+      copy_into(Slice(1, 0, keep, 1).apply_to(l.v), tail_v);
+    }
+    l.used = keep;
+  }
+  const int64_t t = k.dim(1);
+  reserve(l, l.used + t);
+  copy_into(Slice(1, l.used, l.used + t, 1).apply_to(l.k), k);
+  copy_into(Slice(1, l.used, l.used + t, 1).apply_to(l.v), v);
+  View view{Slice(1, 0, l.used + t, 1).apply_to(l.k), Slice(1, 0, l.used + t, 1).apply_to(l.v), l.used};
+  l.used += t;
+  return view;
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Decoder
+
+Decoder::Decoder(ModelConfig config, DecoderWeights weights, DType compute_dtype)
+    : config_(std::move(config)), weights_(std::move(weights)), compute_dtype_(compute_dtype) {
+  if (!is_float(compute_dtype_)) throw ConfigError("decoder: compute dtype must be f32, f16 or bf16");
+  if (weights_.layers.size() != size_t(config_.num_hidden_layers) ||
+      config_.layers.size() != size_t(config_.num_hidden_layers))
+    throw ConfigError("decoder: " + std::to_string(weights_.layers.size()) + " layers of weights for a config with " +
+                      std::to_string(config_.num_hidden_layers) + " layers");
+  // Layers with the same rope settings share one inverse-frequency tensor.
+  for (size_t i = 0; i < config_.layers.size(); ++i) {
+    const RopeConfig& rope = config_.layers[i].rope;
+    Tensor shared;
+    for (size_t j = 0; j < i && !shared.defined(); ++j)
+      if (config_.layers[j].rope == rope) shared = inv_freq_[j];
+    if (!shared.defined()) {
+      std::vector<float> f = rope_inv_freq(rope, int(config_.rotary_dim));
+      shared = Tensor::from_floats(f, {int64_t(f.size())}, DType::f32, device());
+    }
+    inv_freq_.push_back(shared);
+  }
+}
+
+Tensor Decoder::norm(const Tensor& x, const Tensor& weight) const {
+  // (1 + w) is formed in f32 as in transformers' Gemma RMSNorm; rms_norm accepts a weight of another dtype.
+  Tensor w = config_.norm_style == NormStyle::one_plus_weight ? ops::add_scalar(as_dtype(weight, DType::f32), 1.0f)
+                                                               : weight;
+  return ops::rms_norm(x, w, float(config_.rms_norm_eps));
+}
+
+Tensor Decoder::layer_forward(int index, const Tensor& x, const Tensor& positions,
+                              const ForwardOptions& options) const {
+  const LayerWeights& w = weights_.layers[size_t(index)];
+  const LayerConfig& lc = config_.layers[size_t(index)];
+  const int64_t B = x.dim(0), T = x.dim(1);
+  const int64_t H = config_.num_attention_heads, KV = config_.num_key_value_heads, D = config_.head_dim;
+
+  // ---- attention ----
+  Tensor h = norm(x, w.input_norm);
+  Tensor q = ops::reshape(w.attn.q(h), {B, T, H, D});
+  Tensor k = ops::reshape(w.attn.k(h), {B, T, KV, D});
+  Tensor v = ops::reshape(w.attn.v(h), {B, T, KV, D});
+  if (config_.qk_norm) {
+    q = norm(q, w.attn.q_norm);
+    k = norm(k, w.attn.k_norm);
+  }
+  const Tensor& inv_freq = inv_freq_[size_t(index)];
+  q = ops::rope(q, positions, inv_freq, ops::RopeLayout::half_split);
+  k = ops::rope(k, positions, inv_freq, ops::RopeLayout::half_split);
+
+  ops::AttentionOptions ao;
+  ao.scale = config_.attn_scale;
+  ao.causal = true;
+  ao.window = lc.attention == AttentionKind::sliding ? lc.sliding_window : 0;
+  ao.softcap = float(config_.attn_logit_softcapping);
+  ao.doc_ids = options.doc_ids;
+  if (options.cache) {
+    KvCache::View view = options.cache->append(index, k, v);
+    k = view.k;
+    v = view.v;
+    ao.q_offset = view.q_offset;
+  }
+  Tensor a = ops::attention(q, k, v, ao);
+  a = w.attn.o(ops::reshape(a, {B, T, H * D}));
+  if (config_.sandwich_norms) a = norm(a, w.post_attn_norm);
+  Tensor r = ops::add(x, a);
+
+  // ---- MLP ----
+  h = norm(r, w.pre_mlp_norm);
+  Tensor gate = w.mlp.gate(h);
+  switch (config_.hidden_act) {
+    case Activation::silu: gate = ops::silu(gate); break;
+    case Activation::gelu_tanh: gate = ops::gelu_tanh(gate); break;
+    case Activation::gelu_erf: gate = ops::gelu_erf(gate); break;
+  }
+  Tensor m = w.mlp.down(ops::mul(gate, w.mlp.up(h)));
+  if (config_.sandwich_norms) m = norm(m, w.post_mlp_norm);
+  return ops::add(r, m);
+}
+
+Tensor Decoder::forward_hidden(const Tensor& ids, const Tensor& positions, const ForwardOptions& options) const {
+  if (ids.ndim() != 2) throw ShapeError("decoder: ids must be i32 [B, T], got " + to_string(ids.shape()));
+  check_ids(ids, "ids", ids.shape());
+  check_ids(positions, "positions", ids.shape());
+  if (options.doc_ids.defined()) {
+    check_ids(options.doc_ids, "doc_ids", ids.shape());
+    if (options.cache) throw ShapeError("decoder: doc_ids (packed sequences) cannot be used with a KV cache");
+  }
+  if (options.cache && options.cache->batch() != ids.dim(0))
+    throw ShapeError("decoder: KV cache for batch " + std::to_string(options.cache->batch()) + ", ids " +
+                     to_string(ids.shape()));
+
+  Tensor x = as_dtype(ops::embedding(weights_.embed, ids), compute_dtype_);
+  if (config_.embed_scale != 1.0f) x = ops::scale(x, round_to(config_.embed_scale, compute_dtype_));
+
+  const bool checkpointing = options.checkpoint_layers && grad_enabled() && !options.cache;
+  for (int i = 0; i < int(weights_.layers.size()); ++i) {
+    if (checkpointing) {
+      // The recomputation runs during backward, after this call returns: capture by value.
+      ForwardOptions opt{options.doc_ids, nullptr, false};
+      Fn layer = [this, i, positions, opt](const std::vector<Tensor>& in) {
+        return std::vector<Tensor>{layer_forward(i, in[0], positions, opt)};
+      };
+      // Parameters (adapters) are captured, not passed: checkpoint's backward gives captured leaves their
+      // gradients even below the first trainable layer, where x itself needs none.
+      x = checkpoint(layer)({x})[0];
+    } else {
+      x = layer_forward(i, x, positions, options);
+    }
+  }
+  if (options.cache) options.cache->advance(ids.dim(1));
+  return norm(x, weights_.final_norm);
+}
+
+Tensor Decoder::logits(const Tensor& hidden) const {
+  // Widening the hidden states (not the [N, V] product) gives f32 logits without rounding them to bf16.
+  Tensor y = ops::linear(as_dtype(hidden, DType::f32), weights_.lm_head);
+  if (config_.final_logit_softcapping > 0) y = softcap(y, config_.final_logit_softcapping);
+  return y;
+}
+
+Tensor Decoder::forward(const Tensor& ids, const Tensor& positions, const ForwardOptions& options) const {
+  return logits(forward_hidden(ids, positions, options));
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Positions and loss
+
+Tensor default_positions(int64_t batch, int64_t tokens, Device device) {
+  std::vector<int32_t> p(size_t(batch * tokens));
+  for (int64_t b = 0; b < batch; ++b)
+    for (int64_t t = 0; t < tokens; ++t) p[size_t(b * tokens + t)] = int32_t(t);
+  return Tensor::from_ints(p, {batch, tokens}, device);
+}
+
+Tensor positions_from_doc_ids(const Tensor& doc_ids) {
+  if (doc_ids.ndim() != 2 || doc_ids.dtype() != DType::i32)
+    throw ShapeError("positions_from_doc_ids: expected i32 [B, T], got " + to_string(doc_ids.shape()));
+  std::vector<int32_t> d = doc_ids.to_ints(), p(d.size());
+  const int64_t B = doc_ids.dim(0), T = doc_ids.dim(1);
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t t = 0; t < T; ++t) {
+      size_t i = size_t(b * T + t);
+      p[i] = t > 0 && d[i] == d[i - 1] ? p[i - 1] + 1 : 0;
+    }
+  return Tensor::from_ints(p, doc_ids.shape(), doc_ids.device());
+}
+
+Tensor mean_cross_entropy(const Tensor& logits, const Tensor& targets, const Tensor& mask) {
+  const int64_t V = logits.dim(-1);
+  const int64_t N = logits.numel() / V;
+  if (targets.dtype() != DType::i32 || targets.numel() != N)
+    throw ShapeError("loss: targets must be i32 with one entry per logits row: logits " + to_string(logits.shape()) +
+                     ", targets " + to_string(targets.shape()));
+  // The count of targets that take part is needed on the host anyway; apply the mask there too.
+  std::vector<int32_t> t = targets.to_ints();
+  if (mask.defined()) {
+    if (mask.numel() != N) throw ShapeError("loss: mask " + to_string(mask.shape()) + " does not match targets");
+    std::vector<int32_t> m = mask.to_ints();
+    for (size_t i = 0; i < t.size(); ++i)
+      if (m[i] == 0) t[i] = -100;
+  }
+  int64_t count = 0;
+  for (int32_t v : t) count += v != -100;
+  Tensor flat_targets = mask.defined() ? Tensor::from_ints(t, {N}, targets.device()) : ops::reshape(targets, {N});
+  Tensor per_row = ops::cross_entropy(ops::reshape(logits, {N, V}), flat_targets, -100);
+  return ops::scale(ops::sum_all(per_row), count > 0 ? float(1.0 / double(count)) : 0.0f);
+}
+
+Tensor loss(const Decoder& model, const Tensor& ids, const Tensor& targets, const Tensor& mask,
+            const Tensor& positions, const ForwardOptions& options) {
+  Tensor pos = positions;
+  if (!pos.defined())
+    pos = options.doc_ids.defined() ? positions_from_doc_ids(options.doc_ids)
+                                    : default_positions(ids.dim(0), ids.dim(1), ids.device());
+  return mean_cross_entropy(model.forward(ids, pos, options), targets, mask);
+}
+
+}  // namespace lmtune::models

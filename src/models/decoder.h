@@ -1,0 +1,142 @@
+// The decoder: one implementation of the Llama / Mistral / Qwen2 / Qwen3 / Gemma 2 / Gemma 3 text families,
+// used alike by training, evaluation, generation and serving. Everything that differs between families is a
+// field of ModelConfig (io/hf_config.h) — norm style, sandwich norms, q/k norms, biases, embedding scale,
+// soft-capping, per-layer windows and rotary frequencies — never a model_type test.
+//
+// Shapes: B batch, T tokens in this call, S keys seen (cache + T), C hidden, H query heads, KV key/value heads,
+// D head_dim, I intermediate, V vocab.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <vector>
+
+#include "core/tensor.h"
+#include "io/hf_config.h"
+#include "models/linear.h"
+
+namespace lmtune::models {
+
+struct AttentionWeights {
+  Linear q, k, v, o;
+  Tensor q_norm, k_norm;  // [D], when config.qk_norm
+};
+
+struct MlpWeights {
+  Linear gate, up, down;
+};
+
+struct LayerWeights {
+  Tensor input_norm;      // input_layernorm, before attention
+  Tensor post_attn_norm;  // sandwich norms only: post_attention_layernorm on the attention output
+  Tensor pre_mlp_norm;    // before the MLP: post_attention_layernorm (Llama naming) or pre_feedforward_layernorm
+  Tensor post_mlp_norm;   // sandwich norms only: post_feedforward_layernorm on the MLP output
+  AttentionWeights attn;
+  MlpWeights mlp;
+
+  // This layer's tensors that require grad (adapters, or weights being fully trained).
+  std::vector<Tensor> trainable() const;
+};
+
+struct DecoderWeights {
+  Tensor embed;       // [V, C]
+  std::vector<LayerWeights> layers;
+  Tensor final_norm;  // [C]
+  Tensor lm_head;     // [V, C]; the same tensor as embed when tie_word_embeddings
+
+  // Every Linear of every layer (q, k, v, o, gate, up, down per layer), e.g. to attach adapters.
+  std::vector<Linear*> linears();
+  // Trainable tensors: the adapters' A and B (and anything else set to require grad).
+  std::vector<Tensor> trainable();
+};
+
+// Per-layer key/value cache for incremental decoding. Each layer's keys and values live in a buffer
+// [B, capacity, KV, D] that grows in chunks of `chunk` tokens (amortised copies). With bound_sliding, a
+// sliding-window layer keeps only the last window - 1 tokens between calls (its buffer never exceeds
+// window - 1 + the longest call), which is all its attention can see.
+class KvCache {
+ public:
+  KvCache(const ModelConfig& config, int64_t batch, DType dtype, Device device, int64_t chunk = 256,
+          bool bound_sliding = true);
+
+  // Tokens appended so far (the position index of the next token in a single-sequence cache).
+  int64_t length() const { return length_; }
+  int64_t batch() const { return batch_; }
+  DType dtype() const { return dtype_; }
+  // Forgets everything (keeps the buffers for reuse).
+  void clear();
+
+  // Called by the decoder for each layer: stores k, v [B, T, KV, D] and returns the keys and values the new
+  // queries attend to ([B, S, KV, D] views of the buffer) and the index of the first new query among them.
+  struct View {
+    Tensor k, v;
+    int64_t q_offset = 0;
+  };
+  View append(int layer, const Tensor& k, const Tensor& v);
+  // Called by the decoder once every layer has appended T tokens.
+  void advance(int64_t tokens) { length_ += tokens; }
+  // Bytes held by the buffers.
+  size_t bytes() const;
+
+ private:
+  struct Layer {
+    Tensor k, v;           // [B, capacity, KV, D]
+    int64_t used = 0;      // tokens stored
+    int64_t window = 0;    // > 0: keep only the last window - 1 tokens between calls
+  };
+  void reserve(Layer& l, int64_t tokens);
+  std::vector<Layer> layers_;
+  int64_t batch_, kv_heads_, head_dim_, chunk_, length_ = 0;
+  DType dtype_;
+  Device device_;
+};
+
+struct ForwardOptions {
+  Tensor doc_ids;                 // optional i32 [B, T]: packed documents never attend to each other
+  KvCache* cache = nullptr;       // optional: append this call's keys/values and attend to the cached ones
+  bool checkpoint_layers = false; // gradient checkpointing: each layer recomputes its activations in backward
+};
+
+class Decoder {
+ public:
+  // compute_dtype: f32, or f16/bf16 for mixed precision (weights stay in their dtype and are cast per use;
+  // activations are in compute_dtype; norms, softmax and the loss compute in f32 inside their kernels;
+  // logits are returned in f32).
+  Decoder(ModelConfig config, DecoderWeights weights, DType compute_dtype = DType::f32);
+
+  const ModelConfig& config() const { return config_; }
+  DecoderWeights& weights() { return weights_; }
+  const DecoderWeights& weights() const { return weights_; }
+  DType compute_dtype() const { return compute_dtype_; }
+  void set_compute_dtype(DType dtype) { compute_dtype_ = dtype; }
+  Device device() const { return weights_.embed.device(); }
+
+  // ids, positions i32 [B, T] -> logits f32 [B, T, V].
+  Tensor forward(const Tensor& ids, const Tensor& positions, const ForwardOptions& options = {}) const;
+  // The final hidden states after the last norm [B, T, C] (compute dtype), for a chunked loss.
+  Tensor forward_hidden(const Tensor& ids, const Tensor& positions, const ForwardOptions& options = {}) const;
+  // hidden [..., C] -> logits f32 [..., V] (lm_head and final soft-capping).
+  Tensor logits(const Tensor& hidden) const;
+
+ private:
+  Tensor layer_forward(int index, const Tensor& x, const Tensor& positions, const ForwardOptions& options) const;
+  Tensor norm(const Tensor& x, const Tensor& weight) const;
+  ModelConfig config_;
+  DecoderWeights weights_;
+  DType compute_dtype_;
+  std::vector<Tensor> inv_freq_;  // per layer, f32 [rotary_dim / 2] on the weights' device
+};
+
+// Positions 0..T-1 for every row: i32 [B, T].
+Tensor default_positions(int64_t batch, int64_t tokens, Device device);
+// Positions that restart at 0 at each document boundary of doc_ids [B, T] (host computation).
+Tensor positions_from_doc_ids(const Tensor& doc_ids);
+
+// Mean cross-entropy of logits [B, T, V] (or [N, V]) against targets i32 [B, T] over targets != -100.
+// mask (optional, i32 [B, T]): 0 excludes a target as -100 does. Returns an f32 scalar (0 when nothing counts).
+Tensor mean_cross_entropy(const Tensor& logits, const Tensor& targets, const Tensor& mask = Tensor());
+// The training loss: forward + mean_cross_entropy. positions undefined -> default_positions (or, with doc_ids,
+// positions_from_doc_ids).
+Tensor loss(const Decoder& model, const Tensor& ids, const Tensor& targets, const Tensor& mask = Tensor(),
+            const Tensor& positions = Tensor(), const ForwardOptions& options = {});
+
+}  // namespace lmtune::models

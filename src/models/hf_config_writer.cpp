@@ -1,0 +1,113 @@
+// config.json / generation_config.json writing (see hf_config_writer.h).
+#include "models/hf_config_writer.h"
+
+#include "core/error.h"
+
+namespace lmtune::models {
+using nlohmann::json;
+
+std::string causal_lm_class(const std::string& model_type) {
+  if (model_type == "llama") return "LlamaForCausalLM";
+  if (model_type == "mistral") return "MistralForCausalLM";
+  if (model_type == "qwen2") return "Qwen2ForCausalLM";
+  if (model_type == "qwen3") return "Qwen3ForCausalLM";
+  if (model_type == "gemma2") return "Gemma2ForCausalLM";
+  if (model_type == "gemma3_text" || model_type == "gemma3") return "Gemma3ForCausalLM";
+  throw ConfigError("unsupported model type '" + model_type + "'");
+}
+
+namespace {
+
+json rope_scaling(const RopeConfig& r) {
+  switch (r.type) {
+    case RopeType::standard: return nullptr;
+    case RopeType::linear: return {{"rope_type", "linear"}, {"factor", r.factor}};
+    case RopeType::llama3:
+      return {{"rope_type", "llama3"},
+              {"factor", r.factor},
+              {"low_freq_factor", r.low_freq_factor},
+              {"high_freq_factor", r.high_freq_factor},
+              {"original_max_position_embeddings", r.original_max_pos}};
+  }
+  return nullptr;
+}
+
+json optional_id(const std::optional<int64_t>& v) { return v ? json(*v) : json(nullptr); }
+
+json eos(const std::vector<int64_t>& ids) {
+  if (ids.empty()) return nullptr;
+  if (ids.size() == 1) return ids[0];
+  return ids;
+}
+
+}  // namespace
+
+json hf_config_json(const ModelConfig& c, const json& extra) {
+  const std::string type = c.model_type == "gemma3" ? "gemma3_text" : c.model_type;
+  const bool gemma = type == "gemma2" || type == "gemma3_text";
+  const bool qwen = type == "qwen2" || type == "qwen3";
+  json j = json::object();
+  j["architectures"] = {causal_lm_class(type)};
+  j["model_type"] = type;
+  j["vocab_size"] = c.vocab_size;
+  j["hidden_size"] = c.hidden_size;
+  j["intermediate_size"] = c.intermediate_size;
+  j["num_hidden_layers"] = c.num_hidden_layers;
+  j["num_attention_heads"] = c.num_attention_heads;
+  j["num_key_value_heads"] = c.num_key_value_heads;
+  j["head_dim"] = c.head_dim;
+  j["max_position_embeddings"] = c.max_position_embeddings;
+  j["rms_norm_eps"] = c.rms_norm_eps;
+  j["hidden_act"] = activation_name(c.hidden_act);
+  if (gemma) j["hidden_activation"] = activation_name(c.hidden_act);
+  j["tie_word_embeddings"] = c.tie_word_embeddings;
+  j["rope_theta"] = c.rope.theta;
+  j["rope_scaling"] = rope_scaling(c.rope);
+  if (c.rotary_dim != c.head_dim) j["partial_rotary_factor"] = double(c.rotary_dim) / double(c.head_dim);
+  j["attention_dropout"] = 0.0;
+  j["use_cache"] = true;
+  j["bos_token_id"] = optional_id(c.bos_token_id);
+  j["eos_token_id"] = eos(c.eos_token_ids);
+  j["pad_token_id"] = optional_id(c.pad_token_id);
+  if (!c.torch_dtype.empty()) j["torch_dtype"] = c.torch_dtype;
+
+  if (type == "llama") {
+    j["attention_bias"] = c.qkv_bias;
+    j["mlp_bias"] = c.mlp_bias;
+    j["pretraining_tp"] = 1;
+  } else if (type == "mistral") {
+    j["sliding_window"] = c.sliding_window ? json(*c.sliding_window) : json(nullptr);
+  } else if (qwen) {
+    if (type == "qwen3") j["attention_bias"] = c.qkv_bias;
+    j["use_sliding_window"] = c.use_sliding_window;
+    j["sliding_window"] = c.sliding_window ? json(*c.sliding_window) : json(nullptr);
+    j["max_window_layers"] = c.max_window_layers;
+    j["layer_types"] = c.layer_types;
+  } else if (gemma) {
+    j["attention_bias"] = c.qkv_bias;
+    const double qs = c.query_pre_attn_scalar;
+    j["query_pre_attn_scalar"] = qs == double(int64_t(qs)) ? json(int64_t(qs)) : json(qs);  // usually an int
+    j["attn_logit_softcapping"] = c.attn_logit_softcapping > 0 ? json(c.attn_logit_softcapping) : json(nullptr);
+    j["final_logit_softcapping"] = c.final_logit_softcapping > 0 ? json(c.final_logit_softcapping) : json(nullptr);
+    j["sliding_window"] = c.sliding_window ? json(*c.sliding_window) : json(nullptr);
+    if (type == "gemma3_text") {
+      j["sliding_window_pattern"] = c.sliding_window_pattern;
+      j["rope_local_base_freq"] = c.rope_local ? c.rope_local->theta : 10000.0;
+      j["layer_types"] = c.layer_types;
+    }
+  }
+  for (const auto& [key, value] : extra.items())
+    if (!j.contains(key) && key != "text_config" && key != "rope_parameters") j[key] = value;
+  return j;
+}
+
+json hf_generation_config_json(const ModelConfig& c) {
+  json j = json::object();
+  j["_from_model_config"] = true;
+  if (c.bos_token_id) j["bos_token_id"] = *c.bos_token_id;
+  if (!c.eos_token_ids.empty()) j["eos_token_id"] = eos(c.eos_token_ids);
+  if (c.pad_token_id) j["pad_token_id"] = *c.pad_token_id;
+  return j;
+}
+
+}  // namespace lmtune::models

@@ -1,0 +1,42 @@
+// A linear layer with LoRA slots: the frozen base weight (+ bias) of an HF module and a list of low-rank
+// adapters, y = x Wᵀ + b + Σ scale · (x Aᵀ) Bᵀ. Every projection of the decoder (q/k/v/o, gate/up/down) is one.
+// The base weight never requires grad; adapters' A and B do when they are being trained.
+#pragma once
+#include <string>
+#include <vector>
+
+#include "core/tensor.h"
+
+namespace lmtune::models {
+
+struct LoraAdapter {
+  std::string name = "default";
+  Tensor A;           // [R, in]
+  Tensor B;           // [out, R]; zero at initialisation so an untrained adapter changes nothing
+  float scale = 1.0f; // alpha / R (or alpha / sqrt(R) for rsLoRA); the caller decides
+  float dropout = 0;  // reserved: dropout on the adapter input while training (not applied yet)
+};
+
+class Linear {
+ public:
+  Linear() = default;
+  Linear(Tensor weight, Tensor bias = Tensor()) : weight(std::move(weight)), bias(std::move(bias)) {}
+
+  int64_t in_features() const { return weight.dim(1); }
+  int64_t out_features() const { return weight.dim(0); }
+
+  // x [..., in] -> [..., out] in x's dtype; weights stay in their own dtype (matmul mixes dtypes).
+  Tensor operator()(const Tensor& x) const;
+
+  // Adds an adapter of rank R: A ~ U(-1/sqrt(in), 1/sqrt(in)) (kaiming-uniform as PEFT), B = 0, both f32 on
+  // the weight's device and requiring grad. Returns it.
+  LoraAdapter& add_adapter(int64_t rank, float scale, uint64_t seed, const std::string& name = "default");
+  // W + Σ scale · B A in the weight's dtype (for export of merged weights).
+  Tensor merged_weight() const;
+
+  Tensor weight;  // [out, in]
+  Tensor bias;    // [out] or undefined
+  std::vector<LoraAdapter> adapters;
+};
+
+}  // namespace lmtune::models

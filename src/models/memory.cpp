@@ -1,0 +1,40 @@
+// LoRA training memory estimate (see memory.h and docs/models.md, "Memory estimate").
+#include "models/memory.h"
+
+#include "models/weights.h"
+
+namespace lmtune::models {
+
+TrainingMemoryEstimate estimate_training_memory(const ModelConfig& c, const TrainingMemoryOptions& o) {
+  TrainingMemoryEstimate e;
+  const int64_t C = c.hidden_size, I = c.intermediate_size, D = c.head_dim, L = c.num_hidden_layers;
+  const int64_t HD = c.num_attention_heads * D, KVD = c.num_key_value_heads * D, V = c.vocab_size;
+  const int64_t H = c.num_attention_heads;
+  const uint64_t N = uint64_t(o.batch * o.seq);  // tokens per step
+  const uint64_t act = dtype_size(o.compute_dtype);
+
+  e.weights = uint64_t(parameter_count(c)) * dtype_size(o.weight_dtype);
+  // LoRA on q, k, v, o, gate, up, down: R * (in + out) each.
+  const int64_t per_layer = o.rank * ((C + HD) + (C + KVD) * 2 + (HD + C) + (C + I) * 2 + (I + C));
+  e.lora_param_count = per_layer * L;
+  e.lora_params = uint64_t(e.lora_param_count) * 4;
+  e.lora_grads = e.lora_params;
+  e.optimizer = 2 * e.lora_params;
+
+  // Values one layer keeps for its backward, per token (compute dtype): input and normed input (2C); q, k, v
+  // before and after rope (2 (HD + 2 KVD)); attention output (HD); o_proj output and residual (2C); pre-MLP
+  // norm (C); gate, act(gate), up, product (4I); down output (C); sandwich norms add their inputs (2C);
+  // LoRA intermediates (7R).
+  uint64_t per_token = uint64_t(6 * C + 2 * (HD + 2 * KVD) + HD + 4 * I + 7 * o.rank);
+  if (c.sandwich_norms) per_token += uint64_t(2 * C);
+  // The attention composite materialises scores and probabilities, f32 [B, H, T, T] each.
+  const uint64_t scores = 2ull * uint64_t(o.batch) * uint64_t(H) * uint64_t(o.seq) * uint64_t(o.seq) * 4;
+  const uint64_t layer = N * per_token * act + scores;
+  e.logits = N * uint64_t(V) * 4 * 2;  // f32 logits + their gradient
+  e.activations = uint64_t(L) * layer + e.logits;
+  // Checkpointing keeps each layer's input, and recomputes one layer at a time during backward.
+  e.activations_checkpointed = uint64_t(L) * N * uint64_t(C) * act + layer + e.logits;
+  return e;
+}
+
+}  // namespace lmtune::models

@@ -1,0 +1,37 @@
+// A memory estimate for LoRA training of a decoder (shown by `lmtune info MODEL_DIR`). The formula is in
+// docs/models.md; it is an estimate of what the decoder keeps alive, not a measurement.
+#pragma once
+#include <cstdint>
+
+#include "core/dtype.h"
+#include "io/hf_config.h"
+
+namespace lmtune::models {
+
+struct TrainingMemoryOptions {
+  int64_t batch = 1;
+  int64_t seq = 2048;
+  int64_t rank = 16;                  // LoRA rank on all seven projections of every layer
+  DType weight_dtype = DType::bf16;   // frozen base weights
+  DType compute_dtype = DType::bf16;  // activations
+};
+
+struct TrainingMemoryEstimate {
+  uint64_t weights = 0;          // frozen base weights
+  uint64_t lora_params = 0;      // A and B, f32
+  uint64_t lora_grads = 0;       // f32
+  uint64_t optimizer = 0;        // AdamW first and second moments, f32
+  uint64_t activations = 0;      // saved for backward, no checkpointing
+  uint64_t activations_checkpointed = 0;  // layer inputs + one layer recomputed
+  uint64_t logits = 0;           // f32 logits and their gradient (part of both activation figures)
+  int64_t lora_param_count = 0;
+
+  uint64_t fixed() const { return weights + lora_params + lora_grads + optimizer; }
+  uint64_t total(bool checkpointing) const {
+    return fixed() + (checkpointing ? activations_checkpointed : activations);
+  }
+};
+
+TrainingMemoryEstimate estimate_training_memory(const ModelConfig& config, const TrainingMemoryOptions& options);
+
+}  // namespace lmtune::models

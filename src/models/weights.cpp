@@ -1,0 +1,229 @@
+// HF name <-> decoder parameter mapping, loading, saving and random initialisation (see weights.h).
+#include "models/weights.h"
+
+#include <spdlog/spdlog.h>
+
+#include <cstdio>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <set>
+
+#include "core/backend.h"
+#include "core/error.h"
+#include "io/atomic_file.h"
+#include "io/safetensors.h"
+
+namespace lmtune::models {
+namespace fs = std::filesystem;
+
+std::vector<ParamRef> parameter_map(const ModelConfig& c, DecoderWeights& w) {
+  const int64_t C = c.hidden_size, I = c.intermediate_size, D = c.head_dim;
+  const int64_t HD = c.num_attention_heads * D, KVD = c.num_key_value_heads * D, V = c.vocab_size;
+  std::vector<ParamRef> out;
+  auto add = [&](std::string name, Shape shape, Tensor* slot, ParamInit init) {
+    out.push_back({std::move(name), std::move(shape), slot, init});
+  };
+  auto linear = [&](const std::string& name, Linear& l, int64_t out_dim, int64_t in_dim, bool bias) {
+    add(name + ".weight", {out_dim, in_dim}, &l.weight, ParamInit::normal);
+    if (bias) add(name + ".bias", {out_dim}, &l.bias, ParamInit::zeros);
+  };
+
+  add("model.embed_tokens.weight", {V, C}, &w.embed, ParamInit::normal);
+  w.layers.resize(size_t(c.num_hidden_layers));
+  for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
+    LayerWeights& l = w.layers[size_t(i)];
+    const std::string p = "model.layers." + std::to_string(i) + ".";
+    add(p + "input_layernorm.weight", {C}, &l.input_norm, ParamInit::norm);
+    if (c.sandwich_norms) {
+      add(p + "post_attention_layernorm.weight", {C}, &l.post_attn_norm, ParamInit::norm);
+      add(p + "pre_feedforward_layernorm.weight", {C}, &l.pre_mlp_norm, ParamInit::norm);
+      add(p + "post_feedforward_layernorm.weight", {C}, &l.post_mlp_norm, ParamInit::norm);
+    } else {
+      add(p + "post_attention_layernorm.weight", {C}, &l.pre_mlp_norm, ParamInit::norm);
+    }
+    linear(p + "self_attn.q_proj", l.attn.q, HD, C, c.qkv_bias);
+    linear(p + "self_attn.k_proj", l.attn.k, KVD, C, c.qkv_bias);
+    linear(p + "self_attn.v_proj", l.attn.v, KVD, C, c.qkv_bias);
+    linear(p + "self_attn.o_proj", l.attn.o, C, HD, c.o_bias);
+    if (c.qk_norm) {
+      add(p + "self_attn.q_norm.weight", {D}, &l.attn.q_norm, ParamInit::norm);
+      add(p + "self_attn.k_norm.weight", {D}, &l.attn.k_norm, ParamInit::norm);
+    }
+    linear(p + "mlp.gate_proj", l.mlp.gate, I, C, c.mlp_bias);
+    linear(p + "mlp.up_proj", l.mlp.up, I, C, c.mlp_bias);
+    linear(p + "mlp.down_proj", l.mlp.down, C, I, c.mlp_bias);
+  }
+  add("model.norm.weight", {C}, &w.final_norm, ParamInit::norm);
+  if (!c.tie_word_embeddings) add("lm_head.weight", {V, C}, &w.lm_head, ParamInit::normal);
+  return out;
+}
+
+int64_t parameter_count(const ModelConfig& config) {
+  DecoderWeights w;
+  int64_t n = 0;
+  for (const ParamRef& p : parameter_map(config, w)) n += numel(p.shape);
+  return n;
+}
+
+namespace {
+
+// Where the plain names live in a checkpoint.
+struct NameLayout {
+  std::string model;    // replaces the leading "model."
+  std::string lm_head;  // replaces the leading "lm_head."
+  std::string stored(const std::string& name) const {
+    if (name.rfind("model.", 0) == 0) return model + name.substr(6);
+    if (name.rfind("lm_head.", 0) == 0) return lm_head + name.substr(8);
+    return name;
+  }
+};
+
+const NameLayout kLayouts[] = {
+    {"model.", "lm_head."},
+    {"model.language_model.", "lm_head."},
+    {"language_model.model.", "language_model.lm_head."},
+};
+
+const NameLayout& detect_layout(const SafetensorsCheckpoint& ckpt) {
+  for (const NameLayout& l : kLayouts)
+    if (ckpt.contains(l.stored("model.embed_tokens.weight"))) return l;
+  throw FileError(ckpt.path().string() +
+                  ": no embedding tensor found (looked for 'model.embed_tokens.weight', "
+                  "'model.language_model.embed_tokens.weight' and 'language_model.model.embed_tokens.weight')");
+}
+
+Tensor upload(const SafetensorsTensor& st, DType dtype, Device device) {
+  DType src = st.dtype();  // throws FileError for dtypes lmtune does not load
+  Tensor t = Tensor::empty(st.shape, dtype, device);
+  if (st.data.empty()) return t;
+  if (src == dtype) {
+    backend(device).write(*t.buffer(), 0, st.data.data(), st.data.size());
+  } else {
+    std::vector<std::byte> bytes = convert_dtype(st.data, src, dtype);
+    backend(device).write(*t.buffer(), 0, bytes.data(), bytes.size());
+  }
+  return t;
+}
+
+bool ignorable(const std::string& name) {
+  for (const char* part : {"rotary_emb.inv_freq", "vision_tower.", "multi_modal_projector.", "vision_model."})
+    if (name.find(part) != std::string::npos) return true;
+  return false;
+}
+
+}  // namespace
+
+DecoderWeights load_weights(const ModelConfig& config, const fs::path& checkpoint, DType dtype, Device device) {
+  if (!is_float(dtype)) throw ConfigError("load_weights: weight dtype must be f32, f16 or bf16");
+  SafetensorsCheckpoint ckpt(checkpoint);
+  const NameLayout& layout = detect_layout(ckpt);
+  // Errors name the file: the one .safetensors file, or the index of a sharded checkpoint.
+  const std::string where = ckpt.files().size() == 1 ? ckpt.files()[0].path().string() : ckpt.path().string();
+  DecoderWeights w;
+  std::set<std::string> used;
+  for (const ParamRef& p : parameter_map(config, w)) {
+    const std::string name = layout.stored(p.name);
+    const SafetensorsTensor* st = ckpt.find(name);
+    if (!st)
+      throw FileError(where + ": missing tensor '" + name + "' (required by " + config.model_type +
+                      " with " + std::to_string(config.num_hidden_layers) + " layers" +
+                      (p.name == "lm_head.weight" ? ", tie_word_embeddings false" : "") + ")");
+    if (st->shape != p.shape)
+      throw FileError(st->file.string() + ": tensor '" + name + "' has shape " + to_string(st->shape) +
+                      " but config.json implies " + to_string(p.shape));
+    *p.slot = upload(*st, dtype, device);
+    used.insert(name);
+  }
+  if (config.tie_word_embeddings) {
+    w.lm_head = w.embed;
+    used.insert(layout.stored("lm_head.weight"));  // some tied checkpoints store a copy; transformers ignores it
+  }
+  std::vector<std::string> unused;
+  for (const std::string& n : ckpt.names())
+    if (!used.count(n) && !ignorable(n)) unused.push_back(n);
+  if (!unused.empty()) {
+    std::string list;
+    for (size_t i = 0; i < unused.size() && i < 5; ++i) list += (i ? ", " : "") + unused[i];
+    spdlog::warn("{}: {} tensor(s) not used by the {} decoder: {}{}", ckpt.path().string(), unused.size(),
+                 config.model_type, list, unused.size() > 5 ? ", ..." : "");
+  }
+  return w;
+}
+
+Decoder load_decoder(const fs::path& model_dir, DType weight_dtype, DType compute_dtype, Device device) {
+  ModelConfig config = load_model_config(model_dir);
+  DecoderWeights w = load_weights(config, model_dir, weight_dtype, device);
+  return Decoder(std::move(config), std::move(w), compute_dtype);
+}
+
+void save_weights(const ModelConfig& config, const DecoderWeights& weights, const fs::path& dir, DType dtype,
+                  uint64_t max_shard_bytes) {
+  if (!is_float(dtype)) throw ConfigError("save_weights: dtype must be f32, f16 or bf16");
+  DecoderWeights copy = weights;  // handles only; parameter_map wants mutable slots
+  std::vector<ParamRef> params = parameter_map(config, copy);
+  // Group into shards in map order.
+  std::vector<std::vector<const ParamRef*>> shards(1);
+  uint64_t in_shard = 0;
+  for (const ParamRef& p : params) {
+    if (!p.slot->defined()) throw ShapeError("save_weights: parameter '" + p.name + "' is not set");
+    if (p.slot->shape() != p.shape)
+      throw ShapeError("save_weights: parameter '" + p.name + "' has shape " + to_string(p.slot->shape()) +
+                       ", the config implies " + to_string(p.shape));
+    uint64_t bytes = uint64_t(numel(p.shape)) * dtype_size(dtype);
+    if (in_shard > 0 && in_shard + bytes > max_shard_bytes) {
+      shards.emplace_back();
+      in_shard = 0;
+    }
+    shards.back().push_back(&p);
+    in_shard += bytes;
+  }
+  fs::create_directories(dir);
+  const std::map<std::string, std::string> metadata{{"format", "pt"}};
+  nlohmann::json weight_map = nlohmann::json::object();
+  uint64_t total = 0;
+  for (size_t s = 0; s < shards.size(); ++s) {
+    char fname[64];
+    if (shards.size() == 1)
+      std::snprintf(fname, sizeof fname, "model.safetensors");
+    else
+      std::snprintf(fname, sizeof fname, "model-%05zu-of-%05zu.safetensors", s + 1, shards.size());
+    std::vector<std::vector<std::byte>> data;
+    data.reserve(shards[s].size());
+    std::vector<TensorToWrite> entries;
+    for (const ParamRef* p : shards[s]) {
+      std::vector<float> values = p->slot->to_floats();
+      data.push_back(convert_from_f32(values, dtype));
+      entries.push_back({p->name, to_st_dtype(dtype), p->shape, data.back()});
+      weight_map[p->name] = fname;
+      total += data.back().size();
+    }
+    write_safetensors(dir / fname, entries, metadata);
+  }
+  if (shards.size() > 1) {
+    nlohmann::json index = {{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}};
+    write_file_atomic(dir / "model.safetensors.index.json", index.dump(2) + "\n");
+  } else {
+    std::error_code ec;
+    fs::remove(dir / "model.safetensors.index.json", ec);  // a stale index would shadow the single file
+  }
+}
+
+DecoderWeights init_weights(const ModelConfig& config, uint64_t seed, double std, DType dtype, Device device) {
+  DecoderWeights w;
+  uint64_t k = 0;
+  const float norm_value = config.norm_style == NormStyle::one_plus_weight ? 0.0f : 1.0f;
+  for (const ParamRef& p : parameter_map(config, w)) {
+    ++k;
+    switch (p.init) {
+      case ParamInit::normal:
+        *p.slot = Tensor::randn(p.shape, seed * 0x9e3779b97f4a7c15ull + k, float(std), dtype, device);
+        break;
+      case ParamInit::zeros: *p.slot = Tensor::zeros(p.shape, dtype, device); break;
+      case ParamInit::norm: *p.slot = Tensor::full(p.shape, norm_value, dtype, device); break;
+    }
+  }
+  if (config.tie_word_embeddings) w.lm_head = w.embed;
+  return w;
+}
+
+}  // namespace lmtune::models

@@ -1,0 +1,161 @@
+// KV-cache decoding (greedy decode with the cache == full recompute, including bounded sliding-window layers
+// and multi-token chunks) and LoRA adapters (zero-initialised B changes nothing, the adapter equals a merged
+// weight, gradients reach A and B only).
+#include <gtest/gtest.h>
+
+#include "core/autodiff.h"
+#include "core/error.h"
+#include "core/ops.h"
+#include "models/decoder.h"
+#include "models/weights.h"
+#include "models_test_util.h"
+
+namespace lmtune::models {
+namespace {
+
+using test::fixture_dir;
+using test::rel_err;
+
+std::vector<float> last_row(const Tensor& logits) {
+  const int64_t T = logits.dim(1);
+  return ops::contiguous(ops::slice(logits, 1, T - 1, T)).to_floats();
+}
+
+int argmax(const std::vector<float>& v) { return int(std::max_element(v.begin(), v.end()) - v.begin()); }
+
+class KvCacheDecode : public ::testing::TestWithParam<std::tuple<std::string, std::string>> {};
+
+TEST_P(KvCacheDecode, GreedyDecodeMatchesFullRecompute) {
+  const auto& [arch, dev] = GetParam();
+  const Device d = parse_device(dev);
+  Decoder model = load_decoder(fixture_dir(arch), DType::f32, DType::f32, d);
+  NoGrad no_grad;
+  std::vector<int32_t> tokens = {5, 17, 99, 3, 42, 7};  // prompt (longer than the window of 4)
+  // Chunk 4: buffers grow several times; bounded sliding layers keep 3 tokens.
+  KvCache cache(model.config(), 1, DType::f32, d, /*chunk=*/4, /*bound_sliding=*/true);
+  ForwardOptions opt;
+  opt.cache = &cache;
+  auto positions = [&](int64_t start, int64_t n) {
+    std::vector<int32_t> p(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) p[size_t(i)] = int32_t(start + i);
+    return Tensor::from_ints(p, {1, n}, d);
+  };
+  // Prefill in two chunks (the second one attends to cached keys with q_offset > 0 and T > 1).
+  model.forward(Tensor::from_ints({tokens.begin(), tokens.begin() + 4}, {1, 4}, d), positions(0, 4), opt);
+  Tensor logits = model.forward(Tensor::from_ints({tokens.begin() + 4, tokens.end()}, {1, 2}, d), positions(4, 2), opt);
+  double worst = 0;
+  for (int step = 0; step < 10; ++step) {
+    const int64_t n = int64_t(tokens.size());
+    Tensor full = model.forward(Tensor::from_ints(tokens, {1, n}, d), default_positions(1, n, d));
+    std::vector<float> want = last_row(full), got = last_row(logits);
+    worst = std::max(worst, rel_err(got, want));
+    ASSERT_EQ(argmax(got), argmax(want)) << "step " << step;
+    tokens.push_back(argmax(got));
+    logits = model.forward(Tensor::from_ints({tokens.back()}, {1, 1}, d), positions(n, 1), opt);
+  }
+  EXPECT_EQ(cache.length(), int64_t(tokens.size()));
+  EXPECT_LT(worst, 1e-5) << arch;
+}
+
+std::vector<std::tuple<std::string, std::string>> decode_cases() {
+  std::vector<std::tuple<std::string, std::string>> out;
+  for (const std::string& dev : test::test_devices())
+    for (const char* a : {"llama3", "mistral", "qwen2", "gemma2", "gemma3_text"}) out.emplace_back(a, dev);
+  return out;
+}
+
+INSTANTIATE_TEST_SUITE_P(Models, KvCacheDecode, ::testing::ValuesIn(decode_cases()), [](const auto& info) {
+  std::string s = std::get<0>(info.param) + "_" + std::get<1>(info.param);
+  for (char& c : s)
+    if (c == ':') c = '_';
+  return s;
+});
+
+TEST(KvCache, RejectsDocIdsAndWrongBatch) {
+  Decoder model = load_decoder(fixture_dir("llama"), DType::f32, DType::f32, Device::cpu());
+  KvCache cache(model.config(), 2, DType::f32, Device::cpu());
+  NoGrad no_grad;
+  ForwardOptions opt;
+  opt.cache = &cache;
+  Tensor ids = Tensor::from_ints({1, 2, 3}, {1, 3}, Device::cpu());
+  EXPECT_THROW(model.forward(ids, default_positions(1, 3, Device::cpu()), opt), ShapeError);  // batch 2 cache
+  KvCache one(model.config(), 1, DType::f32, Device::cpu());
+  opt.cache = &one;
+  opt.doc_ids = Tensor::from_ints({0, 0, 1}, {1, 3}, Device::cpu());
+  EXPECT_THROW(model.forward(ids, default_positions(1, 3, Device::cpu()), opt), ShapeError);
+}
+
+// ---- LoRA ----
+
+Tensor batch_ids() { return Tensor::from_ints({5, 17, 99, 3, 42, 7, 1, 2, 64, 100, 11, 9}, {2, 6}, Device::cpu()); }
+
+TEST(Lora, ZeroBChangesNothingAndAdapterEqualsMergedWeight) {
+  Decoder base = load_decoder(fixture_dir("qwen2"), DType::f32, DType::f32, Device::cpu());
+  Decoder lora = load_decoder(fixture_dir("qwen2"), DType::f32, DType::f32, Device::cpu());
+  NoGrad no_grad;
+  Tensor ids = batch_ids(), pos = default_positions(2, 6, Device::cpu());
+  std::vector<float> want = base.forward(ids, pos).to_floats();
+  uint64_t seed = 1;
+  for (Linear* l : lora.weights().linears()) l->add_adapter(2, 0.5f, seed++);
+  EXPECT_EQ(rel_err(lora.forward(ids, pos).to_floats(), want), 0.0);
+
+  // Random B: the adapted model equals the base model with merged weights.
+  for (Linear* l : lora.weights().linears())
+    l->adapters[0].B = Tensor::randn(l->adapters[0].B.shape(), seed++, 0.3f);
+  std::vector<Linear*> a = lora.weights().linears(), b = base.weights().linears();
+  for (size_t i = 0; i < a.size(); ++i) b[i]->weight = a[i]->merged_weight();
+  std::vector<float> adapted = lora.forward(ids, pos).to_floats(), merged = base.forward(ids, pos).to_floats();
+  EXPECT_GT(rel_err(adapted, want), 1e-3);  // the adapters do something
+  EXPECT_LT(rel_err(adapted, merged), 1e-5);
+}
+
+TEST(Lora, GradientsReachAdaptersOnlyAndMatchFiniteDifferences) {
+  Decoder model = load_decoder(fixture_dir("gemma2"), DType::f32, DType::f32, Device::cpu());
+  uint64_t seed = 1;
+  for (Linear* l : model.weights().linears()) {
+    LoraAdapter& ad = l->add_adapter(2, 2.0f, seed++);
+    ad.B = Tensor::randn(ad.B.shape(), seed++, 0.1f).set_requires_grad(true);
+  }
+  std::vector<Tensor> params = model.weights().trainable();
+  EXPECT_EQ(params.size(), model.weights().linears().size() * 2);  // A and B only: the base stays frozen
+  Tensor ids = batch_ids();
+  Tensor targets = Tensor::from_ints({17, 99, 3, 42, 7, -100, 2, 64, 100, 11, 9, 1}, {2, 6}, Device::cpu());
+  ForwardOptions opt;
+  opt.checkpoint_layers = true;  // layer 0 (input from the frozen embedding) must still get its gradients
+  Tensor l = loss(model, ids, targets, Tensor(), Tensor(), opt);
+  backward(l);
+  Linear& q0 = model.weights().layers[0].attn.q;
+  Linear& down = model.weights().layers.back().mlp.down;
+  EXPECT_FALSE(q0.weight.grad().defined());
+  for (Tensor* t : {&q0.adapters[0].A, &down.adapters[0].B}) {
+    ASSERT_TRUE(t->grad().defined()) << (t == &q0.adapters[0].A ? "q0.A" : "down.B");
+    std::vector<float> g = t->grad().to_floats(), v = t->to_floats();
+    NoGrad no_grad;
+    for (size_t i : {size_t(0), v.size() / 2}) {
+      auto eval = [&](float delta) {
+        std::vector<float> w = v;
+        w[i] += delta;
+        Tensor saved = *t;
+        *t = Tensor::from_floats(w, saved.shape());
+        double r = loss(model, ids, targets).item();
+        *t = saved;
+        return r;
+      };
+      double num = (eval(1e-3f) - eval(-1e-3f)) / 2e-3;
+      EXPECT_NEAR(g[i], num, 2e-3 + 2e-2 * std::fabs(num)) << i;
+    }
+  }
+}
+
+TEST(Loss, MaskExcludesTargetsLikeIgnoreIndex) {
+  Tensor logits = Tensor::randn({2, 3, 5}, 3);
+  Tensor targets = Tensor::from_ints({1, 2, 3, 4, 0, 1}, {2, 3}, Device::cpu());
+  Tensor mask = Tensor::from_ints({1, 0, 1, 1, 1, 0}, {2, 3}, Device::cpu());
+  Tensor ignored = Tensor::from_ints({1, -100, 3, 4, 0, -100}, {2, 3}, Device::cpu());
+  EXPECT_FLOAT_EQ(mean_cross_entropy(logits, targets, mask).item(), mean_cross_entropy(logits, ignored).item());
+  Tensor none = Tensor::from_ints(std::vector<int32_t>(6, -100), {2, 3}, Device::cpu());
+  EXPECT_EQ(mean_cross_entropy(logits, none).item(), 0.0f);
+}
+
+}  // namespace
+}  // namespace lmtune::models
