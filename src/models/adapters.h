@@ -1,0 +1,43 @@
+// LoRA adapters on a decoder: which linears a recipe targets, attaching fresh or PEFT-loaded adapters, and
+// turning trained adapters back into the PEFT form (io/peft_adapter.h). Used by training, eval, generation,
+// export and serving alike.
+#pragma once
+#include <string>
+#include <vector>
+
+#include "io/peft_adapter.h"
+#include "models/decoder.h"
+
+namespace lmtune::models {
+
+struct NamedLinear {
+  std::string module;  // HF module path, e.g. "model.layers.3.self_attn.q_proj"
+  std::string kind;    // "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"
+  Linear* linear;
+};
+
+// Every linear of the decoder (not lm_head), in layer order.
+std::vector<NamedLinear> named_linears(DecoderWeights& weights);
+// The linears whose kind is in `targets` ("all-linear" selects all). Unknown target names throw ConfigError
+// listing the valid ones.
+std::vector<NamedLinear> select_targets(DecoderWeights& weights, const std::vector<std::string>& targets);
+
+// Adds a fresh adapter named `name` (A kaiming-uniform, B zero, f32, requiring grad) to every targeted linear;
+// returns the new trainable tensors (A, B per linear, in order). Seeds differ per linear but derive from `seed`.
+std::vector<Tensor> add_lora(DecoderWeights& weights, const std::vector<std::string>& targets, int rank, float scale,
+                             uint64_t seed, const std::string& name = "default");
+
+// Attaches a PEFT adapter as adapter `name` with scale adapter.scale() * multiplier. Modules the decoder does not
+// have, or whose A/B shapes do not fit the linear, throw FileError naming the module and shapes. The adapter's
+// tensors are frozen unless `trainable`.
+void attach_peft(DecoderWeights& weights, const PeftAdapter& adapter, const std::string& name, float multiplier,
+                 bool trainable = false);
+
+// The adapter `name` as PEFT data (A, B copied to the host as f32). target_modules lists the kinds present.
+PeftAdapter extract_peft(DecoderWeights& weights, const std::string& name, int rank, double alpha, bool rslora,
+                         double dropout, const std::string& base_model);
+
+// Removes adapter `name` from every linear.
+void remove_adapter(DecoderWeights& weights, const std::string& name);
+
+}  // namespace lmtune::models
