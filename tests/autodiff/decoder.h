@@ -5,6 +5,7 @@
 #include <cmath>
 #include <vector>
 
+#include "core/autodiff.h"
 #include "ops/op_test_util.h"
 
 namespace lmtune::test {
@@ -21,13 +22,14 @@ inline std::vector<Shape> decoder_param_shapes(const DecoderDims& d) {
           {d.C}, {d.F, d.C},       {d.F, d.C},        {d.C, d.F}};
 }
 
-inline std::vector<Tensor> decoder_params(const DecoderDims& d, uint64_t seed, bool requires_grad) {
+inline std::vector<Tensor> decoder_params(const DecoderDims& d, uint64_t seed, bool requires_grad,
+                                          Device dev = Device::cpu()) {
   std::vector<Tensor> p;
   for (const Shape& s : decoder_param_shapes(d)) {
     bool norm = s.size() == 1;
     float scale = norm ? 1.0f : 1.0f / std::sqrt(float(s[1]));
     std::vector<float> v = random_values(numel(s), seed++, norm ? 0.5f : 0.2f * scale, norm ? 1.5f : 1.5f * scale, norm);
-    Tensor t = Tensor::from_floats(v, s, DType::f32, Device::cpu());
+    Tensor t = Tensor::from_floats(v, s, DType::f32, dev);
     if (requires_grad) t.set_requires_grad(true);
     p.push_back(t);
   }
@@ -37,13 +39,13 @@ inline std::vector<Tensor> decoder_params(const DecoderDims& d, uint64_t seed, b
 struct RopeTables {
   Tensor positions, inv_freq;
 };
-inline RopeTables rope_tables(const DecoderDims& d) {
+inline RopeTables rope_tables(const DecoderDims& d, Device dev = Device::cpu()) {
   std::vector<int32_t> pos;
   for (int64_t b = 0; b < d.B; ++b)
     for (int64_t t = 0; t < d.T; ++t) pos.push_back(int32_t(t));
   std::vector<float> inv;
   for (int64_t i = 0; i < d.D / 2; ++i) inv.push_back(float(std::pow(10000.0, -2.0 * double(i) / double(d.D))));
-  return {Tensor::from_ints(pos, {d.B, d.T}, Device::cpu()), Tensor::from_floats(inv, {d.D / 2}, DType::f32, Device::cpu())};
+  return {Tensor::from_ints(pos, {d.B, d.T}, dev), Tensor::from_floats(inv, {d.D / 2}, DType::f32, dev)};
 }
 
 // Attention sub-block: q/k/v projections, rope, causal GQA attention (with the dims' softcap), o projection.
@@ -87,6 +89,47 @@ inline ref::Array ref_decoder_layer(const DecoderDims& d, const ref::Array& x, c
   ref::Array g = ref::unary(ref::linear(n, p[6], nullptr), [](double v) { return v / (1 + std::exp(-v)); });
   ref::Array m = ref::binary(g, ref::linear(n, p[7], nullptr), [](double a, double b) { return a * b; });
   return ref::binary(h, ref::linear(m, p[8], nullptr), plus);
+}
+
+// A stack of decoder layers (each optionally checkpointed) under a mean-square loss: the gradients of x and of
+// every parameter, the loss, and the peak memory above the starting level on x0's device during forward +
+// backward. Parameters must require grad; their .grad() is cleared afterwards.
+struct StackRun {
+  std::vector<std::vector<float>> grads;  // x first, then every parameter
+  size_t peak = 0;
+  float loss = 0;
+};
+
+// The dims of the checkpoint tests' 4-layer stack.
+inline DecoderDims stack_dims() {
+  DecoderDims d;
+  d.B = 2, d.T = 48, d.C = 32, d.H = 4, d.KV = 2, d.D = 8, d.F = 64, d.softcap = 0;
+  return d;
+}
+
+inline StackRun run_stack(bool use_checkpoint, const DecoderDims& d, const std::vector<std::vector<Tensor>>& layers,
+                          const RopeTables& rt, const Tensor& x0) {
+  Backend& be = backend(x0.device());
+  Tensor x = x0.detach();
+  x.set_requires_grad(true);
+  size_t base = be.bytes_in_use();
+  be.reset_peak();
+  Tensor h = x;
+  for (const auto& p : layers) {
+    Fn layer = [&d, &p, &rt](const std::vector<Tensor>& in) { return std::vector<Tensor>{decoder_layer(d, in[0], p, rt)}; };
+    h = (use_checkpoint ? checkpoint(layer) : layer)({h})[0];
+  }
+  Tensor loss = ops::mean(ops::square(h), {0, 1, 2});
+  StackRun r;
+  r.loss = loss.item();
+  backward(loss);
+  r.peak = be.peak_bytes() - base;
+  r.grads.push_back(x.grad().to_floats());
+  for (const auto& p : layers)
+    for (const auto& t : p) r.grads.push_back(t.grad().to_floats());
+  for (const auto& p : layers)
+    for (auto t : p) t.zero_grad();
+  return r;
 }
 
 }  // namespace lmtune::test

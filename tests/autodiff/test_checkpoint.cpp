@@ -11,40 +11,8 @@
 namespace lmtune::test {
 namespace {
 
-struct StackRun {
-  std::vector<std::vector<float>> grads;  // x first, then every parameter
-  size_t peak = 0;
-  float loss = 0;
-};
-
-StackRun run_stack(bool use_checkpoint, const DecoderDims& d, const std::vector<std::vector<Tensor>>& layers,
-              const RopeTables& rt, const Tensor& x0) {
-  Backend& cpu = backend(Device::cpu());
-  Tensor x = x0.detach();
-  x.set_requires_grad(true);
-  size_t base = cpu.bytes_in_use();
-  cpu.reset_peak();
-  Tensor h = x;
-  for (const auto& p : layers) {
-    Fn layer = [&d, &p, &rt](const std::vector<Tensor>& in) { return std::vector<Tensor>{decoder_layer(d, in[0], p, rt)}; };
-    h = (use_checkpoint ? checkpoint(layer) : layer)({h})[0];
-  }
-  Tensor loss = ops::mean(ops::square(h), {0, 1, 2});
-  StackRun r;
-  r.loss = loss.item();
-  backward(loss);
-  r.peak = cpu.peak_bytes() - base;
-  r.grads.push_back(x.grad().to_floats());
-  for (const auto& p : layers)
-    for (const auto& t : p) r.grads.push_back(t.grad().to_floats());
-  for (const auto& p : layers)
-    for (auto t : p) t.zero_grad();
-  return r;
-}
-
 TEST(Checkpoint, BitwiseIdenticalGradientsAndLowerPeakMemory) {
-  DecoderDims d;
-  d.B = 2, d.T = 48, d.C = 32, d.H = 4, d.KV = 2, d.D = 8, d.F = 64, d.softcap = 0;
+  DecoderDims d = stack_dims();
   RopeTables rt = rope_tables(d);
   std::vector<std::vector<Tensor>> layers;
   for (int l = 0; l < 4; ++l) layers.push_back(decoder_params(d, 100 + 20 * l, true));

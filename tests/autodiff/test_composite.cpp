@@ -7,49 +7,6 @@
 namespace lmtune::test {
 namespace {
 
-double dot(const Tensor& a, const Tensor& b) {
-  auto x = a.to_doubles(), y = b.to_doubles();
-  double s = 0;
-  for (size_t i = 0; i < x.size(); ++i) s += x[i] * y[i];
-  return s;
-}
-
-// Checks <J v, u> == <v, Jᵀ u> (f32 autodiff, both ways) and that both match d/dε <u, f_ref(x + ε v)>.
-void check_dot_product_identity(const Fn& f, const RefFn& rf, const std::vector<Tensor>& primals) {
-  std::vector<Tensor> v;
-  std::vector<ref::Array> x, rv;
-  for (size_t i = 0; i < primals.size(); ++i) {
-    v.push_back(random_like(primals[i].shape(), 500 + i));
-    x.push_back(ref::of(primals[i]));
-    rv.push_back(ref::of(v.back()));
-  }
-  std::vector<Tensor> outs = lmtune::jvp(f, primals, v).first;
-  std::vector<Tensor> u;
-  for (size_t k = 0; k < outs.size(); ++k) u.push_back(random_like(outs[k].shape(), 600 + k));
-  auto [o1, jv] = lmtune::jvp(f, primals, v);
-  auto [o2, jtu] = lmtune::vjp(f, primals, u);
-  double forward = 0, reverse = 0;
-  for (size_t k = 0; k < u.size(); ++k) forward += dot(jv[k], u[k]);
-  for (size_t i = 0; i < v.size(); ++i) reverse += dot(v[i], jtu[i]);
-
-  const double h = 1e-5;
-  std::vector<ref::Array> xp, xm;
-  for (size_t i = 0; i < x.size(); ++i) {
-    xp.push_back(axpy(x[i], h, rv[i]));
-    xm.push_back(axpy(x[i], -h, rv[i]));
-  }
-  auto yp = rf(xp), ym = rf(xm);
-  double fd = 0;
-  for (size_t k = 0; k < u.size(); ++k) {
-    ref::Array ru = ref::of(u[k]);
-    for (int64_t e = 0; e < ru.size(); ++e) fd += ru[e] * (yp[k][e] - ym[k][e]) / (2 * h);
-  }
-  std::cout << "    <Jv,u> = " << forward << "  <v,J^T u> = " << reverse << "  finite difference = " << fd << "\n";
-  EXPECT_NEAR(forward, reverse, 1e-5 * std::abs(fd));
-  EXPECT_NEAR(forward, fd, 1e-4 * std::abs(fd));
-  EXPECT_NEAR(reverse, fd, 1e-4 * std::abs(fd));
-}
-
 TEST(Composite, AttentionBlockGqaCausalSoftcap) {
   DecoderDims d;
   d.softcap = 2.0f;
