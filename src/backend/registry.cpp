@@ -28,7 +28,8 @@ int type_rank(const std::string& type) {
 }  // namespace
 
 Backend& backend(Device d) {
-  static std::map<std::pair<int, int>, std::unique_ptr<Backend>> backends;
+  // Never destroyed: tensors in static storage may be freed after it would have been (see vulkan/backend.cpp).
+  static auto& backends = *new std::map<std::pair<int, int>, std::unique_ptr<Backend>>();
   std::lock_guard lock(g_backends_mu);
   auto key = std::make_pair(int(d.kind), d.index);
   auto it = backends.find(key);

@@ -1,17 +1,46 @@
 // The Vulkan Backend (core/backend.h): tensor buffers from the allocator, host transfers through the recorder.
 #include <spdlog/spdlog.h>
 
+#include <cstdlib>
+#include <mutex>
+#include <vector>
+
 #include "backend/vulkan/allocator.h"
 #include "backend/vulkan/context.h"
+#include "backend/vulkan/pipelines.h"
 #include "backend/vulkan/recorder.h"
 #include "core/error.h"
 
 namespace lmtune::vk {
 namespace {
 
+// Contexts are never destroyed: tensors in static storage may outlive any owner we could pick, and the driver
+// tears itself down at exit. Instead, an exit hook (registered after the driver loaded, so it runs before the
+// driver's own) saves each context's pipeline cache.
+void keep_until_exit(const std::shared_ptr<Context>& ctx) {
+  static auto* contexts = new std::vector<std::shared_ptr<Context>>();
+  static std::mutex mu;
+  std::lock_guard lock(mu);
+  contexts->push_back(ctx);
+  static const bool hooked = [] {
+    std::atexit([] {
+      for (auto& c : *contexts) {
+        try {
+          std::lock_guard ctx_lock(c->mutex());
+          c->pipelines().save_cache();
+        } catch (const std::exception& e) {
+          spdlog::warn("{}: could not save the pipeline cache: {}", c->name(), e.what());
+        }
+      }
+    });
+    return true;
+  }();
+  (void)hooked;
+}
+
 class VulkanBackend final : public Backend {
  public:
-  explicit VulkanBackend(int index) : ctx_(std::make_shared<Context>(index)) {}
+  explicit VulkanBackend(int index) : ctx_(std::make_shared<Context>(index)) { keep_until_exit(ctx_); }
   Device device() const override { return Device::vulkan(ctx_->index()); }
   Context& context() { return *ctx_; }
 

@@ -60,7 +60,7 @@ MatmulOptions options_from_env() {
   else if (!k.empty() && k != "auto") throw ConfigError("LMTUNE_MATMUL_KERNEL='" + k + "' (expected scalar, coopmat or auto)");
   std::string no = env("LMTUNE_NO_COOPMAT");
   if (!no.empty() && no != "0") o.kernel = MatmulKernel::scalar;
-  o.f32_exact = env("LMTUNE_MATMUL_F32") == "exact";
+  o.f32_exact = env("LMTUNE_MATMUL_F32") != "fp16";
   if (std::string s = env("LMTUNE_MATMUL_SPLITK"); !s.empty()) o.splitk = std::max(0, std::atoi(s.c_str()));
   if (std::string t = env("LMTUNE_MATMUL_TILE"); t == "l" || t == "m" || t == "s") o.tile = t[0];
   return o;
@@ -244,7 +244,8 @@ void Matmul::eval_vulkan(const std::vector<Tensor>& in, std::vector<Tensor>& out
     else if (!layout_ok)
       log_once(layout_flag, "matmul: an operand without a unit stride takes the scalar kernel (slow)");
     else if (f32_in && opt.f32_exact)
-      log_once(f32_flag, "matmul: LMTUNE_MATMUL_F32=exact: f32 products take the scalar kernel");
+      log_once(f32_flag, "matmul: f32 products take the exact scalar kernel (LMTUNE_MATMUL_F32=fp16 sends them to the "
+                                  "f16 tensor-core kernel)");
   }
 
   // At most two batch dims go to the kernel; outer ones (rare) become separate dispatches, as do chunks of

@@ -11,14 +11,14 @@ enum class MatmulKernel { automatic, scalar, coopmat };
 // Overrides for Matmul::eval_vulkan. The defaults come from the environment:
 //   LMTUNE_NO_COOPMAT=1             never use the cooperative-matrix kernel
 //   LMTUNE_MATMUL_KERNEL=scalar|coopmat|auto
-//   LMTUNE_MATMUL_F32=fp16|exact    f32 inputs on the coopmat kernel (rounded to f16, the default) or on the
-//                                   scalar kernel (full f32 products)
+//   LMTUNE_MATMUL_F32=exact|fp16    f32 inputs on the scalar kernel (full f32 products, the default: an f32
+//                                   model asks for f32 precision) or on the coopmat kernel (rounded to f16)
 //   LMTUNE_MATMUL_SPLITK=N          force N-way split-K (0 = choose)
 //   LMTUNE_MATMUL_TILE=l|m|s        force a coopmat tile (l 128x256, m 128x128, s 64x64) or scalar tile
 //                                   (l 128x128, m 64x64, s 32x32)
 struct MatmulOptions {
   MatmulKernel kernel = MatmulKernel::automatic;
-  bool f32_exact = false;
+  bool f32_exact = true;
   int splitk = 0;
   char tile = 0;  // 0 = choose, else 'l', 'm' or 's'
 };
