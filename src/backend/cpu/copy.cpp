@@ -13,7 +13,7 @@ void Copy::eval_cpu(const std::vector<Tensor>& in, std::vector<Tensor>& out) {
   char *xp = cpu::base_ptr(x), *yp = cpu::base_ptr(y);
   size_t xs = dtype_size(x.dtype()), ys = dtype_size(y.dtype());
   bool same_int = x.dtype() == DType::i32 && y.dtype() == DType::i32;
-  cpu::for_each_row(x.shape(), {x.strides(), y.strides()}, [&](const int64_t* o, const int64_t* s, int64_t n) {
+  cpu::for_each_span(x.shape(), {x.strides(), y.strides()}, [&](const int64_t* o, const int64_t* s, int64_t n) {
     if (x.dtype() == y.dtype() && s[0] == 1 && s[1] == 1) {
       std::memcpy(yp + o[1] * ys, xp + o[0] * xs, size_t(n) * xs);
       return;
@@ -24,9 +24,9 @@ void Copy::eval_cpu(const std::vector<Tensor>& in, std::vector<Tensor>& out) {
       for (int64_t i = 0; i < n; ++i) dst[i * s[1]] = src[i * s[0]];
       return;
     }
-    std::vector<float> buf(static_cast<size_t>(n));
-    cpu::load_row(xp + o[0] * xs, x.dtype(), s[0], n, buf.data());
-    cpu::store_row(yp + o[1] * ys, y.dtype(), s[1], n, buf.data());
+    float* buf = cpu::scratch(0, n);
+    cpu::load_row(xp + o[0] * xs, x.dtype(), s[0], n, buf);
+    cpu::store_row(yp + o[1] * ys, y.dtype(), s[1], n, buf);
   });
 }
 

@@ -41,6 +41,27 @@ float apply_binary(BinaryOp op, float a, float b) {
   return a;
 }
 
+// The switch sits outside the loop so each loop is a simple, vectorizable kernel.
+void apply_unary_row(UnaryOp op, float* v, int64_t n, float p) {
+  switch (op) {
+    case UnaryOp::neg: for (int64_t i = 0; i < n; ++i) v[i] = -v[i]; return;
+    case UnaryOp::square: for (int64_t i = 0; i < n; ++i) v[i] = v[i] * v[i]; return;
+    case UnaryOp::scale: for (int64_t i = 0; i < n; ++i) v[i] = p * v[i]; return;
+    case UnaryOp::add_scalar: for (int64_t i = 0; i < n; ++i) v[i] = v[i] + p; return;
+    default: for (int64_t i = 0; i < n; ++i) v[i] = apply_unary(op, v[i], p); return;
+  }
+}
+
+void apply_binary_row(BinaryOp op, float* a, const float* b, int64_t n) {
+  switch (op) {
+    case BinaryOp::add: for (int64_t i = 0; i < n; ++i) a[i] = a[i] + b[i]; return;
+    case BinaryOp::sub: for (int64_t i = 0; i < n; ++i) a[i] = a[i] - b[i]; return;
+    case BinaryOp::mul: for (int64_t i = 0; i < n; ++i) a[i] = a[i] * b[i]; return;
+    case BinaryOp::div: for (int64_t i = 0; i < n; ++i) a[i] = a[i] / b[i]; return;
+    default: for (int64_t i = 0; i < n; ++i) a[i] = apply_binary(op, a[i], b[i]); return;
+  }
+}
+
 }  // namespace
 
 void Unary::eval_cpu(const std::vector<Tensor>& in, std::vector<Tensor>& out) {
@@ -49,11 +70,11 @@ void Unary::eval_cpu(const std::vector<Tensor>& in, std::vector<Tensor>& out) {
   char* xp = cpu::base_ptr(x);
   char* yp = cpu::base_ptr(y);
   size_t xs = dtype_size(x.dtype()), ys = dtype_size(y.dtype());
-  cpu::for_each_row(x.shape(), {x.strides(), y.strides()}, [&](const int64_t* o, const int64_t* s, int64_t n) {
-    std::vector<float> buf(static_cast<size_t>(n));
-    cpu::load_row(xp + o[0] * xs, x.dtype(), s[0], n, buf.data());
-    for (float& v : buf) v = apply_unary(op, v, param);
-    cpu::store_row(yp + o[1] * ys, y.dtype(), s[1], n, buf.data());
+  cpu::for_each_span(x.shape(), {x.strides(), y.strides()}, [&](const int64_t* o, const int64_t* s, int64_t n) {
+    float* buf = cpu::scratch(0, n);
+    cpu::load_row(xp + o[0] * xs, x.dtype(), s[0], n, buf);
+    apply_unary_row(op, buf, n, param);
+    cpu::store_row(yp + o[1] * ys, y.dtype(), s[1], n, buf);
   });
 }
 
@@ -63,13 +84,14 @@ void Binary::eval_cpu(const std::vector<Tensor>& in, std::vector<Tensor>& out) {
   Tensor b = broadcast_view(in[1], y.shape());
   char *ap = cpu::base_ptr(a), *bp = cpu::base_ptr(b), *yp = cpu::base_ptr(y);
   size_t es = dtype_size(a.dtype()), ys = dtype_size(y.dtype());
-  cpu::for_each_row(y.shape(), {a.strides(), b.strides(), y.strides()},
+  cpu::for_each_span(y.shape(), {a.strides(), b.strides(), y.strides()},
                     [&](const int64_t* o, const int64_t* s, int64_t n) {
-                      std::vector<float> va(static_cast<size_t>(n)), vb(static_cast<size_t>(n));
-                      cpu::load_row(ap + o[0] * es, a.dtype(), s[0], n, va.data());
-                      cpu::load_row(bp + o[1] * es, b.dtype(), s[1], n, vb.data());
-                      for (int64_t i = 0; i < n; ++i) va[i] = apply_binary(op, va[i], vb[i]);
-                      cpu::store_row(yp + o[2] * ys, y.dtype(), s[2], n, va.data());
+                      float* va = cpu::scratch(0, n);
+                      float* vb = cpu::scratch(1, n);
+                      cpu::load_row(ap + o[0] * es, a.dtype(), s[0], n, va);
+                      cpu::load_row(bp + o[1] * es, b.dtype(), s[1], n, vb);
+                      apply_binary_row(op, va, vb, n);
+                      cpu::store_row(yp + o[2] * ys, y.dtype(), s[2], n, va);
                     });
 }
 
@@ -80,14 +102,16 @@ void Where::eval_cpu(const std::vector<Tensor>& in, std::vector<Tensor>& out) {
   Tensor b = broadcast_view(in[2], y.shape());
   char *cp = cpu::base_ptr(c), *ap = cpu::base_ptr(a), *bp = cpu::base_ptr(b), *yp = cpu::base_ptr(y);
   size_t cs = dtype_size(c.dtype()), es = dtype_size(a.dtype());
-  cpu::for_each_row(y.shape(), {c.strides(), a.strides(), b.strides(), y.strides()},
+  cpu::for_each_span(y.shape(), {c.strides(), a.strides(), b.strides(), y.strides()},
                     [&](const int64_t* o, const int64_t* s, int64_t n) {
-                      std::vector<float> vc(static_cast<size_t>(n)), va(static_cast<size_t>(n)), vb(static_cast<size_t>(n));
-                      cpu::load_row(cp + o[0] * cs, c.dtype(), s[0], n, vc.data());
-                      cpu::load_row(ap + o[1] * es, a.dtype(), s[1], n, va.data());
-                      cpu::load_row(bp + o[2] * es, b.dtype(), s[2], n, vb.data());
+                      float* vc = cpu::scratch(0, n);
+                      float* va = cpu::scratch(1, n);
+                      float* vb = cpu::scratch(2, n);
+                      cpu::load_row(cp + o[0] * cs, c.dtype(), s[0], n, vc);
+                      cpu::load_row(ap + o[1] * es, a.dtype(), s[1], n, va);
+                      cpu::load_row(bp + o[2] * es, b.dtype(), s[2], n, vb);
                       for (int64_t i = 0; i < n; ++i) va[i] = vc[i] != 0.0f ? va[i] : vb[i];
-                      cpu::store_row(yp + o[3] * es, y.dtype(), s[3], n, va.data());
+                      cpu::store_row(yp + o[3] * es, y.dtype(), s[3], n, va);
                     });
 }
 

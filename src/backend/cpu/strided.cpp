@@ -100,4 +100,62 @@ void for_each_row(const Shape& shape, const std::vector<Strides>& strides, const
   });
 }
 
+float* scratch(int slot, int64_t n) {
+  thread_local std::vector<float> buffers[4];
+  auto& b = buffers[slot];
+  if (int64_t(b.size()) < n) b.resize(size_t(n));
+  return b.data();
+}
+
+void for_each_span(const Shape& shape, const std::vector<Strides>& strides, const RowFn& fn) {
+  if (shape.empty()) return for_each_row(shape, strides, fn);
+  // Merge dim i into dim i+1 when every tensor steps over dim i exactly one full dim i+1.
+  Shape s;
+  std::vector<Strides> st(strides.size());
+  for (size_t d = 0; d < shape.size(); ++d) {
+    if (shape[d] == 1) continue;
+    bool merge = !s.empty();
+    for (size_t t = 0; merge && t < strides.size(); ++t) merge = st[t].back() == strides[t][d] * shape[d];
+    if (merge) {
+      s.back() *= shape[d];
+      for (size_t t = 0; t < strides.size(); ++t) st[t].back() = strides[t][d];
+    } else {
+      s.push_back(shape[d]);
+      for (size_t t = 0; t < strides.size(); ++t) st[t].push_back(strides[t][d]);
+    }
+  }
+  if (s.empty()) {  // every dim is 1: a single element
+    s.push_back(1);
+    for (auto& v : st) v.push_back(1);
+  }
+  // Cut the last dim into spans of at most kSpan so that one big contiguous row still runs in parallel.
+  const int64_t kSpan = 8192;
+  int64_t n = s.back();
+  if (n > kSpan) {
+    int64_t chunks = (n + kSpan - 1) / kSpan;
+    int64_t outer = 1;
+    for (size_t d = 0; d + 1 < s.size(); ++d) outer *= s[d];
+    size_t k = strides.size();
+    parallel_for(outer * chunks, 1, [&](int64_t b, int64_t e) {
+      std::vector<int64_t> off(k), inner(k);
+      for (size_t t = 0; t < k; ++t) inner[t] = st[t].back();
+      for (int64_t task = b; task < e; ++task) {
+        int64_t row = task / chunks, c = task % chunks;
+        int64_t r = row;
+        for (size_t t = 0; t < k; ++t) off[t] = 0;
+        for (size_t d = s.size() - 1; d-- > 0;) {
+          int64_t i = r % s[d];
+          r /= s[d];
+          for (size_t t = 0; t < k; ++t) off[t] += i * st[t][d];
+        }
+        int64_t begin = c * kSpan, len = std::min(kSpan, n - begin);
+        for (size_t t = 0; t < k; ++t) off[t] += begin * inner[t];
+        fn(off.data(), inner.data(), len);
+      }
+    });
+    return;
+  }
+  for_each_row(s, st, fn);
+}
+
 }  // namespace lmtune::cpu

@@ -30,6 +30,24 @@ struct RowFn {
 };
 void for_each_row(const Shape& shape, const std::vector<Strides>& strides, const RowFn& fn);
 
+// Like for_each_row for elementwise kernels, where rows have no meaning: dims that are contiguous in every
+// tensor are merged and long rows are cut into spans, so contiguous tensors become a few large spans processed
+// in parallel. fn(offsets, inner_strides, n) as above.
+void for_each_span(const Shape& shape, const std::vector<Strides>& strides, const RowFn& fn);
+
+// Thread-local f32 scratch of at least n elements (slot distinguishes buffers used at the same time).
+float* scratch(int slot, int64_t n);
+
+template <class F>
+void for_each_span(const Shape& shape, const std::vector<Strides>& strides, F&& f) {
+  struct Impl final : RowFn {
+    F& f;
+    explicit Impl(F& f) : f(f) {}
+    void operator()(const int64_t* o, const int64_t* s, int64_t n) const override { f(o, s, n); }
+  } impl(f);
+  for_each_span(shape, strides, static_cast<const RowFn&>(impl));
+}
+
 template <class F>
 void for_each_row(const Shape& shape, const std::vector<Strides>& strides, F&& f) {
   struct Impl final : RowFn {
