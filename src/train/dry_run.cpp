@@ -36,8 +36,7 @@ void print_stats(const char* name, const Dataset& d, int seq_len, bool packing, 
 
 void dry_run(const Recipe& r, const TrainOptions& options) {
   const Device device = training_device(r, options.device);
-  if (!fs::exists(fs::path(r.model) / "model.safetensors") && !fs::exists(fs::path(r.model) / "model.safetensors.index.json"))
-    throw FileError(r.model + ": missing model.safetensors (or model.safetensors.index.json)");
+  check_model_files(r);
   ModelConfig config = load_model_config(r.model);
   Tokenizer tokenizer = Tokenizer::load(r.model);
   TrainData data = load_train_data(r, tokenizer);

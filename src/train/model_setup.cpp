@@ -46,10 +46,18 @@ DType stored_dtype(const ModelConfig& config) {
 
 }  // namespace
 
-TrainableModel build_trainable_model(const Recipe& r, Device device) {
+void check_model_files(const Recipe& r) {
   namespace fs = std::filesystem;
-  if (!fs::is_directory(r.model)) throw FileError(r.model + ": model directory not found (recipe key 'model')");
-  if (!fs::exists(fs::path(r.model) / "config.json")) throw FileError(r.model + ": no config.json in the model directory");
+  const fs::path dir = r.model;
+  if (!fs::is_directory(dir)) throw FileError(r.model + ": model directory not found (recipe key 'model')");
+  if (!fs::exists(dir / "config.json")) throw FileError(r.model + ": missing config.json");
+  if (!fs::exists(dir / "model.safetensors") && !fs::exists(dir / "model.safetensors.index.json"))
+    throw FileError(r.model + ": missing model.safetensors (or model.safetensors.index.json)");
+  if (!fs::exists(dir / "tokenizer.json")) throw FileError(r.model + ": missing tokenizer.json");
+}
+
+TrainableModel build_trainable_model(const Recipe& r, Device device) {
+  check_model_files(r);
   const DType compute = compute_dtype(r);
   TrainableModel tm;
   if (r.finetune == "full") {

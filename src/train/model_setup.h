@@ -28,6 +28,8 @@ struct TrainableModel {
 Device training_device(const Recipe& recipe, const std::string& override_spec = {});
 // fp32 | fp16 | bf16 -> the compute dtype.
 DType compute_dtype(const Recipe& recipe);
+// The model directory has config.json, weights and tokenizer.json; throws FileError naming what is missing.
+void check_model_files(const Recipe& recipe);
 // Loads the model and makes its trainable tensors. Throws FileError for missing or bad model files.
 TrainableModel build_trainable_model(const Recipe& recipe, Device device);
 // The LoRA scale for a rank and alpha: alpha / r, or alpha / sqrt(r) with rsLoRA.

@@ -45,16 +45,6 @@ std::string hms(double s) {
   return buf;
 }
 
-// Model files must be there before anything is written.
-void check_model_files(const Recipe& r) {
-  const fs::path dir = r.model;
-  if (!fs::is_directory(dir)) throw FileError(r.model + ": model directory not found (recipe key 'model')");
-  if (!fs::exists(dir / "config.json")) throw FileError(r.model + ": missing config.json");
-  if (!fs::exists(dir / "model.safetensors") && !fs::exists(dir / "model.safetensors.index.json"))
-    throw FileError(r.model + ": missing model.safetensors (or model.safetensors.index.json)");
-  if (!fs::exists(dir / "tokenizer.json")) throw FileError(r.model + ": missing tokenizer.json");
-}
-
 // Settings a resumed run must share with the checkpoint's recipe to continue the same run.
 void check_resume_compatible(const Recipe& now, const std::string& saved_yaml, const fs::path& file) {
   Recipe was = parse_recipe(saved_yaml, file.string() + " (recipe)");
@@ -117,7 +107,7 @@ fs::path write_output(const Recipe& r, TrainableModel& tm) {
 
 TrainSummary train(const Recipe& r, const TrainOptions& options) {
   const Device device = training_device(r, options.device);
-  check_model_files(r);
+  check_model_files(r);  // before anything is written
   const fs::path save_dir = r.save.dir;
 
   // Resume or a fresh start; never silently mix runs.
