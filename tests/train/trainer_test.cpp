@@ -5,6 +5,9 @@
 #include <cmath>
 
 #include "backend/vulkan/vulkan_backend.h"
+#include "core/error.h"
+#include "core/ops/view.h"
+#include "models/weights.h"
 #include "io/hdf5_file.h"
 #include "io/peft_adapter.h"
 #include "train/metrics.h"
@@ -63,4 +66,69 @@ TEST(Trainer, LossFallsAndValidationBeatsBaseModel) {
   EXPECT_EQ(m.read<int64_t>("train/step").size(), 30u);
   EXPECT_EQ(m.read<float>("train/loss").size(), 30u);
   EXPECT_EQ(m.read<int64_t>("valid/step"), (std::vector<int64_t>{0, 15, 30}));
+}
+
+TEST(Trainer, VulkanAndCpuGiveTheSameLosses) {
+  if (vk::list_devices().empty()) GTEST_SKIP() << "no Vulkan device";
+  TrainRun run(text_corpus(16));
+  std::vector<std::vector<double>> losses;
+  for (const char* device : {"cpu", "vulkan:0"}) {
+    TrainOptions o;
+    o.device = device;
+    o.overwrite = true;
+    train(run.recipe({"train.steps=20", "train.batch_size=2", "data.max_seq_len=32", "lora.dropout=0.1",
+                      "train.grad_checkpointing=true"}),
+          o);
+    losses.push_back(train_losses(run.save));
+  }
+  ASSERT_EQ(losses[0].size(), 20u);
+  ASSERT_EQ(losses[1].size(), 20u);
+  for (size_t i = 0; i < 20; ++i) EXPECT_NEAR(losses[1][i], losses[0][i], 2e-3 * losses[0][i]) << "step " << i + 1;
+  EXPECT_LT(losses[0].back(), losses[0].front());
+}
+
+TEST(Trainer, GradientCheckpointingSameLossesLessMemory) {
+  TinyModelSpec spec;
+  spec.layers = 6;
+  spec.hidden = 64;
+  spec.intermediate = 256;
+  TrainRun run(text_corpus(32), spec);
+  std::vector<std::vector<double>> losses;
+  std::vector<size_t> peaks;
+  for (bool ckpt : {false, true}) {
+    TrainOptions o;
+    o.overwrite = true;
+    TrainSummary s = train(run.recipe({"train.steps=3", "data.max_seq_len=128", "train.batch_size=4",
+                                       std::string("train.grad_checkpointing=") + (ckpt ? "true" : "false")}),
+                           o);
+    losses.push_back(train_losses(run.save));
+    peaks.push_back(s.peak_bytes);
+  }
+  std::printf("peak memory per step: without checkpointing %.2f MiB, with %.2f MiB\n", double(peaks[0]) / (1 << 20),
+              double(peaks[1]) / (1 << 20));
+  EXPECT_EQ(losses[0], losses[1]);
+  EXPECT_LT(double(peaks[1]), 0.8 * double(peaks[0]));
+}
+
+TEST(Trainer, ConsecutiveSkippedStepsStopTraining) {
+  TrainRun run;
+  // Poison the base model: a NaN embedding makes every loss NaN.
+  {
+    models::Decoder d = models::load_decoder(run.model, DType::f32, DType::f32, Device::cpu());
+    Tensor& e = d.weights().embed;
+    copy_into(e, Tensor::full(e.shape(), std::nanf(""), e.dtype(), e.device()));
+    models::save_weights(d.config(), d.weights(), run.model, DType::f32);
+  }
+  try {
+    train(run.recipe({"train.max_skipped_steps=3", "save.every=1"}));
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("training stopped at step 3 after 3 consecutive skipped steps"),
+              std::string::npos)
+        << e.what();
+    EXPECT_NE(std::string(e.what()).find("loss is NaN"), std::string::npos) << e.what();
+  }
+  std::vector<MetricsRow> rows = read_metrics_jsonl(run.save / "metrics.jsonl");
+  ASSERT_EQ(rows.size(), 2u);  // steps 1 and 2 were logged (and checkpointed) before step 3 stopped the run
+  EXPECT_EQ(rows[1].get("skipped"), 1.0);
 }
