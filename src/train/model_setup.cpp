@@ -57,7 +57,8 @@ void check_model_files(const Recipe& r) {
 }
 
 TrainableModel build_trainable_model(const Recipe& r, Device device) {
-  check_model_files(r);
+  namespace fs = std::filesystem;
+  if (!fs::is_directory(r.model)) throw FileError(r.model + ": model directory not found (recipe key 'model')");
   const DType compute = compute_dtype(r);
   TrainableModel tm;
   if (r.finetune == "full") {
