@@ -12,7 +12,6 @@
 #include "io/hf_config.h"
 #include "io/peft_adapter.h"
 #include "models/adapters.h"
-#include "models/memory.h"
 #include "models/weights.h"
 #include "tokenizer/tokenizer.h"
 #include "train/checkpoint.h"
