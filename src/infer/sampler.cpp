@@ -47,25 +47,32 @@ std::vector<std::pair<int32_t, double>> sampling_distribution(const std::vector<
   std::vector<int32_t> order(n);
   std::iota(order.begin(), order.end(), 0);
   auto desc = [&](int32_t a, int32_t b) { return logits[size_t(a)] > logits[size_t(b)] || (logits[size_t(a)] == logits[size_t(b)] && a < b); };
-  size_t keep = n;
   if (p.top_k > 0 && size_t(p.top_k) < n) {
-    keep = size_t(p.top_k);
-    std::partial_sort(order.begin(), order.begin() + std::ptrdiff_t(keep), order.end(), desc);
-    order.resize(keep);
-  } else if (p.top_p < 1) {
-    std::sort(order.begin(), order.end(), desc);  // top-p needs the order; min-p alone does not
+    std::partial_sort(order.begin(), order.begin() + p.top_k, order.end(), desc);
+    order.resize(size_t(p.top_k));
   }
+  // Probabilities over the tokens still in play (all, or the top k), in double.
   double max_logit = -INFINITY;
   for (int32_t i : order) max_logit = std::max(max_logit, double(logits[size_t(i)]));
+  auto weight = [&](int32_t i) { return std::exp((double(logits[size_t(i)]) - max_logit) * inv_t); };
+  double total = 0;
+  for (int32_t i : order) total += weight(i);
+  if (p.top_p < 1) {
+    // Top-p needs the tokens in descending order, but rarely more than a few hundred of them: sort a growing
+    // prefix until its mass reaches top_p (exact: the mass uses the full denominator).
+    for (size_t k = std::min<size_t>(256, order.size());; k = std::min(order.size(), k * 16)) {
+      std::partial_sort(order.begin(), order.begin() + std::ptrdiff_t(k), order.end(), desc);
+      double mass = 0;
+      for (size_t j = 0; j < k; ++j) mass += weight(order[j]);
+      if (mass >= p.top_p * total || k == order.size()) {
+        order.resize(k);
+        break;
+      }
+    }
+  }
   std::vector<std::pair<int32_t, double>> dist;
   dist.reserve(order.size());
-  double total = 0;
-  for (int32_t i : order) {
-    double e = std::exp((double(logits[size_t(i)]) - max_logit) * inv_t);
-    dist.emplace_back(i, e);
-    total += e;
-  }
-  for (auto& d : dist) d.second /= total;
+  for (int32_t i : order) dist.emplace_back(i, weight(i) / total);
   if (p.top_p < 1) {
     double before = 0;
     size_t k = 0;
@@ -78,7 +85,6 @@ std::vector<std::pair<int32_t, double>> sampling_distribution(const std::vector<
     double cut = p.min_p * pmax;
     dist.erase(std::remove_if(dist.begin(), dist.end(), [&](const auto& d) { return d.second < cut; }), dist.end());
   }
-  std::sort(dist.begin(), dist.end(), [](const auto& a, const auto& b) { return a.second > b.second || (a.second == b.second && a.first < b.first); });
   total = 0;
   for (auto& d : dist) total += d.second;
   for (auto& d : dist) {

@@ -32,7 +32,8 @@ struct SamplingParams {
 void apply_repetition_penalty(std::vector<float>& logits, const std::vector<int32_t>& history, float penalty);
 
 // The distribution a non-greedy draw samples from, after temperature, top-k, top-p and min-p (the repetition
-// penalty is applied by the caller): (id, probability) pairs, most likely first, probabilities summing to 1.
+// penalty is applied by the caller): (id, probability) pairs summing to 1, by descending logit when top-k or
+// top-p ordered them, else by id (the order a draw walks; sorting 150k entries per token would cost more).
 // `ids` names the entries of `logits` (empty: 0..n-1), e.g. the candidates a device top-k returned.
 std::vector<std::pair<int32_t, double>> sampling_distribution(const std::vector<float>& logits,
                                                               const SamplingParams& params,
