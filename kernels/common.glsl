@@ -6,6 +6,8 @@
 #ifndef LMTUNE_COMMON_GLSL
 #define LMTUNE_COMMON_GLSL
 
+#extension GL_EXT_control_flow_attributes : enable
+
 #ifndef PACKED16
 #extension GL_EXT_shader_16bit_storage : require
 #extension GL_EXT_shader_explicit_arithmetic_types_int16 : require
@@ -94,6 +96,36 @@ uint encode(uint dt, float v) {
   float T##_ld(uint dt, uint i) { return decode(dt, T##_bits(dt, i)); }                          \
   void T##_st(uint dt, uint i, float v) { T##_setbits(dt, i, encode(dt, v)); }
 #endif
+
+// TENSOR4(binding, name), after TENSOR(binding, name): 4 consecutive elements at once, for dense fast paths.
+// Element index i must be a multiple of 4 (16-byte loads of 32-bit types, 8-byte loads of 16-bit ones; the same
+// in the PACKED16 variants, which then need no atomics as whole words are written).
+//   name_bits4(dt, i) -> uvec4 raw element bits; name_setbits4(dt, i, uvec4 bits);
+//   name_ld4(dt, i) -> vec4; name_st4(dt, i, vec4) (conversions as name_ld / name_st).
+#define TENSOR4(B, T)                                                                            \
+  layout(std430, set = 0, binding = B) buffer T##_buf128 { uvec4 T##_q4[]; };                    \
+  layout(std430, set = 0, binding = B) buffer T##_buf64 { uvec2 T##_q2[]; };                     \
+  uvec4 T##_bits4(uint dt, uint i) {                                                             \
+    if (!is16(dt)) return T##_q4[i >> 2];                                                        \
+    uvec2 w = T##_q2[i >> 2];                                                                    \
+    return uvec4(w.x & 0xffffu, w.x >> 16, w.y & 0xffffu, w.y >> 16);                            \
+  }                                                                                              \
+  void T##_setbits4(uint dt, uint i, uvec4 v) {                                                  \
+    if (is16(dt)) T##_q2[i >> 2] = uvec2((v.x & 0xffffu) | (v.y << 16), (v.z & 0xffffu) | (v.w << 16)); \
+    else T##_q4[i >> 2] = v;                                                                     \
+  }                                                                                              \
+  vec4 T##_ld4(uint dt, uint i) { return decode4(dt, T##_bits4(dt, i)); }                        \
+  void T##_st4(uint dt, uint i, vec4 v) { T##_setbits4(dt, i, encode4(dt, v)); }
+
+vec4 decode4(uint dt, uvec4 b) {
+  if (dt == DT_F32) return uintBitsToFloat(b);
+  if (dt == DT_BF16) return uintBitsToFloat(b << 16);
+  return vec4(decode(dt, b.x), decode(dt, b.y), decode(dt, b.z), decode(dt, b.w));
+}
+uvec4 encode4(uint dt, vec4 v) {
+  if (dt == DT_F32) return floatBitsToUint(v);
+  return uvec4(encode(dt, v.x), encode(dt, v.y), encode(dt, v.z), encode(dt, v.w));
+}
 
 // f32-only access (indices, statistics): name_w[i] through the uint view.
 #define LD_F32(T, i) uintBitsToFloat(T##_w[i])

@@ -21,12 +21,16 @@ layout(local_size_x_id = 0) in;
 #endif
 
 TENSOR(0, T0)
+TENSOR4(0, T0)
 TENSOR(1, T1)
+TENSOR4(1, T1)
 #if NT >= 3
 TENSOR(2, T2)
+TENSOR4(2, T2)
 #endif
 #if NT >= 4
 TENSOR(3, T3)
+TENSOR4(3, T3)
 #endif
 
 layout(push_constant) uniform Push {
@@ -37,7 +41,8 @@ layout(push_constant) uniform Push {
   uint dtypes;      // 4 bits per tensor
   uint op;
   float param;
-  uint contiguous;  // 1: every tensor is dense in iteration order (offset + i)
+  uint contiguous;  // 1: every tensor is dense in iteration order (offset + i); 2: also every offset is a
+                    // multiple of 4 elements: the vector path (4 elements per item, UNROLL items per invocation)
 } p;
 
 uint dtype_of(uint t) { return (p.dtypes >> (4u * t)) & 15u; }
@@ -59,7 +64,90 @@ float binary_op(uint op, float a, float b) {
   return a;
 }
 
+// One element at offsets o[] (the tail of the vector path and the strided path).
+void element(uint o[NT]) {
+#if KIND == KIND_UNARY
+  T1_st(dtype_of(1u), o[1], unary_op(p.op, T0_ld(dtype_of(0u), o[0]), p.param));
+#elif KIND == KIND_COPY
+  uint dx = dtype_of(0u), dy = dtype_of(1u);
+  if (dx == dy) T1_setbits(dy, o[1], T0_bits(dx, o[0]));  // bit-exact (i32 above 2^24, NaN payloads)
+  else T1_st(dy, o[1], T0_ld(dx, o[0]));
+#elif KIND == KIND_BINARY
+  T2_st(dtype_of(2u), o[2], binary_op(p.op, T0_ld(dtype_of(0u), o[0]), T1_ld(dtype_of(1u), o[1])));
+#else
+  float c = T0_ld(dtype_of(0u), o[0]);
+  float v = c != 0.0 ? T1_ld(dtype_of(1u), o[1]) : T2_ld(dtype_of(2u), o[2]);
+  T3_st(dtype_of(3u), o[3], v);
+#endif
+}
+
+// Vector path: dense tensors, offsets multiple of 4. Item q covers elements 4q .. 4q+3; each invocation loads
+// UNROLL items (16-byte loads for 32-bit types) before it stores any, in a grid-stride loop.
+#define UNROLL 4
+void vector_path() {
+  uint n4 = p.n >> 2, wg = gl_WorkGroupSize.x, tid = gl_LocalInvocationID.x;
+  uint chunk = wg * UNROLL;
+  for (uint base = gl_WorkGroupID.x * chunk; base < n4; base += gl_NumWorkGroups.x * chunk) {
+    uvec4 v0[UNROLL];
+#if NT >= 3
+    uvec4 v1[UNROLL];
+#endif
+#if NT >= 4
+    uvec4 v2[UNROLL];
+#endif
+    [[unroll]] for (uint u = 0u; u < UNROLL; ++u) {
+      uint q = base + u * wg + tid;
+      if (q < n4) {
+        v0[u] = T0_bits4(dtype_of(0u), p.offsets[0] + 4u * q);
+#if NT >= 3
+        v1[u] = T1_bits4(dtype_of(1u), p.offsets[1] + 4u * q);
+#endif
+#if NT >= 4
+        v2[u] = T2_bits4(dtype_of(2u), p.offsets[2] + 4u * q);
+#endif
+      }
+    }
+    [[unroll]] for (uint u = 0u; u < UNROLL; ++u) {
+      uint q = base + u * wg + tid;
+      if (q >= n4) continue;
+#if KIND == KIND_UNARY
+      vec4 x = decode4(dtype_of(0u), v0[u]);
+      T1_st4(dtype_of(1u), p.offsets[1] + 4u * q,
+             vec4(unary_op(p.op, x.x, p.param), unary_op(p.op, x.y, p.param), unary_op(p.op, x.z, p.param),
+                  unary_op(p.op, x.w, p.param)));
+#elif KIND == KIND_COPY
+      uint dx = dtype_of(0u), dy = dtype_of(1u);
+      if (dx == dy) T1_setbits4(dy, p.offsets[1] + 4u * q, v0[u]);
+      else T1_st4(dy, p.offsets[1] + 4u * q, decode4(dx, v0[u]));
+#elif KIND == KIND_BINARY
+      vec4 a = decode4(dtype_of(0u), v0[u]), b = decode4(dtype_of(1u), v1[u]);
+      vec4 r;
+      if (p.op == 0u) r = a + b;
+      else if (p.op == 2u) r = a * b;
+      else r = vec4(binary_op(p.op, a.x, b.x), binary_op(p.op, a.y, b.y), binary_op(p.op, a.z, b.z),
+                    binary_op(p.op, a.w, b.w));
+      T2_st4(dtype_of(2u), p.offsets[2] + 4u * q, r);
+#else
+      vec4 c = decode4(dtype_of(0u), v0[u]), a = decode4(dtype_of(1u), v1[u]), b = decode4(dtype_of(2u), v2[u]);
+      T3_st4(dtype_of(3u), p.offsets[3] + 4u * q,
+             vec4(c.x != 0.0 ? a.x : b.x, c.y != 0.0 ? a.y : b.y, c.z != 0.0 ? a.z : b.z, c.w != 0.0 ? a.w : b.w));
+#endif
+    }
+  }
+  // The last n % 4 elements.
+  uint i = (n4 << 2) + gl_GlobalInvocationID.x;
+  if (i < p.n) {
+    uint o[NT];
+    for (uint t = 0u; t < NT; ++t) o[t] = p.offsets[t] + i;
+    element(o);
+  }
+}
+
 void main() {
+  if (p.contiguous == 2u) {
+    vector_path();
+    return;
+  }
   uint stride = gl_NumWorkGroups.x * gl_WorkGroupSize.x;
   for (uint i = gl_GlobalInvocationID.x; i < p.n; i += stride) {
     uint o[NT];
@@ -73,18 +161,6 @@ void main() {
       uint c0 = r / p.shape[1];
       for (uint t = 0u; t < NT; ++t) o[t] = offset_of(t, c0, c1, c2, c3);
     }
-#if KIND == KIND_UNARY
-    T1_st(dtype_of(1u), o[1], unary_op(p.op, T0_ld(dtype_of(0u), o[0]), p.param));
-#elif KIND == KIND_COPY
-    uint dx = dtype_of(0u), dy = dtype_of(1u);
-    if (dx == dy) T1_setbits(dy, o[1], T0_bits(dx, o[0]));  // bit-exact (i32 above 2^24, NaN payloads)
-    else T1_st(dy, o[1], T0_ld(dx, o[0]));
-#elif KIND == KIND_BINARY
-    T2_st(dtype_of(2u), o[2], binary_op(p.op, T0_ld(dtype_of(0u), o[0]), T1_ld(dtype_of(1u), o[1])));
-#else
-    float c = T0_ld(dtype_of(0u), o[0]);
-    float v = c != 0.0 ? T1_ld(dtype_of(1u), o[1]) : T2_ld(dtype_of(2u), o[2]);
-    T3_st(dtype_of(3u), o[3], v);
-#endif
+    element(o);
   }
 }

@@ -51,6 +51,14 @@
 #define TB 0
 #endif
 #define BK 32
+
+// Specialization constants (matmul.cpp): element types of A, B, C (DT_*), and FAST = 1 when every tile is
+// interior (M % BM == N % BN == K-per-split % BK == 0) and A and B take vector loads (FLAG_A_VEC, FLAG_B_VEC):
+// the main loop then has no bounds checks and no dtype branches left after the driver folds the constants.
+layout(constant_id = 0) const uint ADT = 1;
+layout(constant_id = 1) const uint BDT = 1;
+layout(constant_id = 2) const uint CDT = 0;
+layout(constant_id = 3) const uint FAST = 0;
 #define NWN (BN / WN)
 #define NSG ((BM / WM) * NWN)
 #define NT (NSG * 32)
@@ -109,13 +117,13 @@ uvec4 rb[B_LD];
   }
 
 float load_elem_a(uint e) {
-  uint dt = a_dtype();
+  const uint dt = ADT;
   if (dt == DT_F32) return uintBitsToFloat(a32[e]);
   uint h = half_bits(a32[e >> 1], e);
   return dt == DT_F16 ? f16_bits_to_float(h) : bf16_bits_to_float(h);
 }
 float load_elem_b(uint e) {
-  uint dt = b_dtype();
+  const uint dt = BDT;
   if (dt == DT_F32) return uintBitsToFloat(b32[e]);
   uint h = half_bits(b32[e >> 1], e);
   return dt == DT_F16 ? f16_bits_to_float(h) : bf16_bits_to_float(h);
@@ -139,9 +147,9 @@ void b_chunk(uint c, out uint k, out uint n) {
 
 void global_load(uint a_base, uint b_base, uint m0, uint n0, uint k0, uint kend, uint tid) {
   bool k_full = k0 + BK <= kend;
-  bool a_fast = k_full && m0 + BM <= pc.M && (pc.flags & FLAG_A_VEC) != 0u;
-  bool b_fast = k_full && n0 + BN <= pc.N && (pc.flags & FLAG_B_VEC) != 0u;
-  uint adt = a_dtype(), bdt = b_dtype();
+  bool a_fast = FAST != 0u || (k_full && m0 + BM <= pc.M && (pc.flags & FLAG_A_VEC) != 0u);
+  bool b_fast = FAST != 0u || (k_full && n0 + BN <= pc.N && (pc.flags & FLAG_B_VEC) != 0u);
+  const uint adt = ADT, bdt = BDT;
   [[unroll]] for (uint i = 0; i < A_LD; ++i) {
     uint m, k;
     a_chunk(tid + i * NT, m, k);
@@ -264,9 +272,9 @@ void main() {
     barrier();
   }
 
-  uint cdt = c_dtype();
+  const uint cdt = CDT;
   bool c_vec = (pc.flags & FLAG_C_VEC) != 0u;
-  bool direct = cdt == DT_F32 && c_vec && m0 + BM <= pc.M && n0 + BN <= pc.N;
+  bool direct = cdt == DT_F32 && c_vec && (FAST != 0u || (m0 + BM <= pc.M && n0 + BN <= pc.N));
   [[unroll]] for (uint i = 0; i < FM; ++i)
     [[unroll]] for (uint j = 0; j < FN; ++j) {
       uint row = m0 + wm * WM + i * 16, col = n0 + wn * WN + j * 16;

@@ -16,6 +16,9 @@ TENSOR(5, RSTD)
 #else
 TENSOR(2, Y)
 TENSOR(3, RSTD)
+TENSOR4(0, X)
+TENSOR4(1, W)
+TENSOR4(2, Y)
 #endif
 
 layout(push_constant) uniform Push {
@@ -24,11 +27,45 @@ layout(push_constant) uniform Push {
   uint dtypes;  // x | w << 4 | b << 8 | y << 12
   float eps;
   uint has_bias;
+  uint vec;     // rms: c and the x, w, y offsets are multiples of 4 (vector path)
 } p;
+
+#ifndef LAYER
+// RMSNorm of a row with 4-element loads, the row held in registers (up to RC vec4 per invocation) so that x is
+// read from memory once.
+#define RC 8
+void rms_vec(uint row, uint tid, uint wg, uint dx, uint dw, uint dy) {
+  uint xo = p.x_off + row * p.c, yo = p.y_off + row * p.c, n4 = p.c >> 2;
+  vec4 cache[RC];
+  float q = 0.0;
+  [[unroll]] for (uint j = 0u; j < RC; ++j) {
+    uint k = tid + j * wg;
+    cache[j] = k < n4 ? X_ld4(dx, xo + 4u * k) : vec4(0.0);
+    q += dot(cache[j], cache[j]);
+  }
+  for (uint k = tid + RC * wg; k < n4; k += wg) {
+    vec4 v = X_ld4(dx, xo + 4u * k);
+    q += dot(v, v);
+  }
+  float rstd = 1.0 / sqrt(wg_sum(q) / float(p.c) + p.eps);
+  [[unroll]] for (uint j = 0u; j < RC; ++j) {
+    uint k = tid + j * wg;
+    if (k < n4) Y_st4(dy, yo + 4u * k, cache[j] * rstd * W_ld4(dw, p.w_off + 4u * k));
+  }
+  for (uint k = tid + RC * wg; k < n4; k += wg) Y_st4(dy, yo + 4u * k, X_ld4(dx, xo + 4u * k) * rstd * W_ld4(dw, p.w_off + 4u * k));
+  if (tid == 0u) ST_F32(RSTD, p.rstd_off + row, rstd);
+}
+#endif
 
 void main() {
   uint tid = gl_LocalInvocationID.x, wg = gl_WorkGroupSize.x;
   uint dx = p.dtypes & 15u, dw = (p.dtypes >> 4) & 15u, db = (p.dtypes >> 8) & 15u, dy = (p.dtypes >> 12) & 15u;
+#ifndef LAYER
+  if (p.vec != 0u) {
+    for (uint row = gl_WorkGroupID.x; row < p.rows; row += gl_NumWorkGroups.x) rms_vec(row, tid, wg, dx, dw, dy);
+    return;
+  }
+#endif
   for (uint row = gl_WorkGroupID.x; row < p.rows; row += gl_NumWorkGroups.x) {
     uint xo = p.x_off + row * p.c, yo = p.y_off + row * p.c;
 #ifdef LAYER

@@ -10,6 +10,7 @@ layout(local_size_x_id = 0) in;
 
 TENSOR(0, X)
 TENSOR(1, Y)
+TENSOR4(0, X)
 
 layout(push_constant) uniform Push {
   uint n;            // length of the reduced axis
@@ -22,6 +23,7 @@ layout(push_constant) uniform Push {
   uint dtypes;       // x | y << 4
   uint op;           // 0 sum, 1 max, 2 logsumexp, 3 argmax
   uint mode;
+  uint vec;          // mode 0: the axis is dense, n and every row's offset are multiples of 4 (vector loads)
 } p;
 
 #define NEG_INF uintBitsToFloat(0xff800000u)
@@ -109,7 +111,19 @@ void row_mode(uint row) {
   }
   if (p.op == 0u || (p.op == 2u && !isinf(m) && !isnan(m))) {
     precise float sum = 0.0, comp = 0.0;
-    for (uint k = tid; k < p.n; k += wg) kahan(sum, comp, p.op == 0u ? ld(xo, k) : exp(ld(xo, k) - m));
+    if (p.vec != 0u) {
+      uint dx = p.dtypes & 15u;
+      for (uint k = tid; k < (p.n >> 2); k += wg) {
+        vec4 v = X_ld4(dx, xo + 4u * k);
+        if (p.op != 0u) v = exp(v - m);
+        kahan(sum, comp, v.x);
+        kahan(sum, comp, v.y);
+        kahan(sum, comp, v.z);
+        kahan(sum, comp, v.w);
+      }
+    } else {
+      for (uint k = tid; k < p.n; k += wg) kahan(sum, comp, p.op == 0u ? ld(xo, k) : exp(ld(xo, k) - m));
+    }
     s_v[tid] = sum;
     s_c[tid] = comp;
     tree(0u);

@@ -155,12 +155,20 @@ bool Allocator::try_allocate(size_t bytes, Allocation& out, std::string& why) {
       best = new_block(block_size_, false, why);
       // Near the end of the budget a full block may not fit while the request itself would.
       if (!best) best = new_block(need, true, why);
+      if (!best && release_empty_dedicated()) best = new_block(need, true, why);
       if (!best) return false;
       best_off = 0;
       best_size = best->size;
     }
   } else {
-    best = new_block(need, true, why);
+    // An empty dedicated block kept from an earlier tensor of about this size (collect() keeps a few): a new
+    // VkDeviceMemory per large tensor costs a driver allocation and slows the first kernels that touch it.
+    for (auto& b : blocks_)
+      if (b->dedicated && b->used == 0 && b->size >= need && b->size - need <= need / 4 &&
+          (!best || b->size < best->size))
+        best = b.get();
+    if (!best) best = new_block(need, true, why);
+    if (!best && release_empty_dedicated()) best = new_block(need, true, why);
     if (!best) return false;
     if (need > max_allocation_)
       spdlog::warn("{}: a {} tensor exceeds maxStorageBufferRange ({}); kernels cannot address all of it",
@@ -215,18 +223,37 @@ void Allocator::collect(uint64_t completed_serial) {
     }
   }
   if (!freed) return;
-  // Give empty dedicated blocks back at once; keep one empty regular block as a spare.
+  // Keep one empty regular block as a spare and up to kKeepDedicated empty dedicated blocks (reused by requests
+  // of about their size; given back when an allocation would otherwise fail); give the rest back.
+  constexpr int kKeepDedicated = 2;
   bool spare = false;
+  int kept = 0;
   for (size_t i = 0; i < blocks_.size();) {
     Block* b = blocks_[i].get();
-    if (b->used == 0 && (b->dedicated || spare)) {
+    if (b->used == 0 && (b->dedicated ? kept >= kKeepDedicated : spare)) {
       destroy_block(b);
       blocks_.erase(blocks_.begin() + long(i));
       continue;
     }
-    if (b->used == 0) spare = true;
+    if (b->used == 0 && b->dedicated) ++kept;
+    else if (b->used == 0) spare = true;
     ++i;
   }
+}
+
+bool Allocator::release_empty_dedicated() {
+  bool any = false;
+  for (size_t i = 0; i < blocks_.size();) {
+    Block* b = blocks_[i].get();
+    if (b->dedicated && b->used == 0) {
+      destroy_block(b);
+      blocks_.erase(blocks_.begin() + long(i));
+      any = true;
+      continue;
+    }
+    ++i;
+  }
+  return any;
 }
 
 }  // namespace lmtune::vk

@@ -80,6 +80,8 @@ class Allocator {
 
  private:
   Block* new_block(VkDeviceSize size, bool dedicated, std::string& why);
+  // Gives back the empty dedicated blocks kept for reuse; true if there were any.
+  bool release_empty_dedicated();
   void destroy_block(Block* b);
   void free_range(Block* b, VkDeviceSize offset, VkDeviceSize size);
 

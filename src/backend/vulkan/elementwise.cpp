@@ -1,6 +1,8 @@
 // Vulkan kernels for the elementwise primitives (unary, binary, where) and the strided elementwise launcher that
 // copy.cpp shares. Kernel: kernels/elementwise.comp.
 #include <algorithm>
+#include <cstdlib>
+#include <cstring>
 
 #include "backend/vulkan/kernel_util.h"
 #include "core/error.h"
@@ -12,6 +14,14 @@ uint32_t u32(int64_t v, const char* what) {
   if (v < 0 || v > int64_t(UINT32_MAX))
     throw ShapeError(std::string("vulkan: ") + what + " " + std::to_string(v) + " does not fit the kernels' 32-bit indices");
   return uint32_t(v);
+}
+
+bool vector_paths() {
+  static const bool on = [] {
+    const char* v = std::getenv("LMTUNE_VK_NO_VEC");
+    return !(v && *v && std::strcmp(v, "0") != 0);
+  }();
+  return on;
 }
 
 void collapse_dims(Shape& shape, std::vector<Strides>& strides) {
@@ -65,10 +75,14 @@ void launch(Context& ctx, const std::string& kernel, const std::vector<Tensor>& 
   }
   p.op = op;
   p.param = param;
+  // Vector path: dense and every offset a multiple of 4 elements; 4 elements per item, 4 items per invocation.
+  bool vec = contiguous && vector_paths();
+  for (size_t t = 0; t < tensors.size() && vec; ++t) vec = p.offsets[t] % 4 == 0;
+  if (vec) p.contiguous = 2;
   std::vector<Binding> b;
   for (size_t t = 0; t < tensors.size(); ++t)
     b.push_back(t + 1 == tensors.size() ? out(tensors[t]) : in(tensors[t]));
-  ctx.dispatch(variant(ctx, kernel), b, p, groups_1d(p.n, kGroup), {kGroup});
+  ctx.dispatch(variant(ctx, kernel), b, p, vec ? groups_1d(p.n, kGroup * 16) : groups_1d(p.n, kGroup), {kGroup});
 }
 
 }  // namespace

@@ -66,6 +66,14 @@ MatmulOptions options_from_env() {
   return o;
 }
 
+bool fast_kernel_enabled() {
+  static const bool on = [] {
+    const char* v = std::getenv("LMTUNE_MATMUL_FAST");
+    return !(v && std::string(v) == "0");
+  }();
+  return on;
+}
+
 std::mutex g_last_mu;
 std::string g_last;
 
@@ -327,7 +335,20 @@ void Matmul::eval_vulkan(const std::vector<Tensor>& in, std::vector<Tensor>& out
       if (aligned(q.c_off, 8) && aligned(int64_t(N), 8)) q.flags |= kFlagCVec;
       Groups groups{gx, gy, uint32_t(n0 * d1.size * nsplit)};
       // Split-K (one dispatch only): partials [nsplit][batch][M][N] from c_off.
-      if (use_cm) ctx.dispatch(kernel, bindings, q, groups);
+      if (use_cm) {
+        // Every tile interior and vector access to A, B and C: the fast kernel (matmul_coopmat_fast.comp), or
+        // with LMTUNE_MATMUL_FAST=0 the general one specialized with FAST = 1. Dtypes are specialization
+        // constants of both.
+        bool fast = M % plan.bm == 0 && N % plan.bn == 0 && K % plan.bk == 0 && (q.flags & kFlagAVec) &&
+                    (q.flags & kFlagBVec) && (q.flags & kFlagCVec);
+        std::vector<uint32_t> spec{dtype_code(a.dtype()), dtype_code(b.dtype()), dtype_code(dst.dtype())};
+        if (fast && fast_kernel_enabled()) {
+          ctx.dispatch("matmul_cmf" + kernel.substr(9), bindings, q, groups, spec);
+        } else {
+          spec.push_back(fast ? 1u : 0u);
+          ctx.dispatch(kernel, bindings, q, groups, spec);
+        }
+      }
       else ctx.dispatch(kernel, bindings, q, groups, plan.spec);
     }
   }

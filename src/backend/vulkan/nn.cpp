@@ -18,6 +18,7 @@ struct NormPush {
   uint32_t c, rows, x_off, w_off, b_off, y_off, mean_off, rstd_off, dtypes;
   float eps;
   uint32_t has_bias;
+  uint32_t vec = 0;
 };
 struct RopePush {
   uint32_t total, d, h, r, x_off, pos_off, freq_off, y_off, dtypes, interleaved, inverse;
@@ -37,6 +38,7 @@ void rms_norm_rows(const Tensor& x_in, const Tensor& w_in, const Tensor& y, cons
   int64_t c = x.shape().back();
   NormPush p{u32(c, "row length"), u32(x.numel() / c, "rows"), elem_offset(x), elem_offset(w), 0, elem_offset(y),
              0, elem_offset(rstd), uint32_t(x.dtype()) | uint32_t(w.dtype()) << 4 | uint32_t(y.dtype()) << 12, eps, 0};
+  p.vec = vector_paths() && p.c % 4 == 0 && p.x_off % 4 == 0 && p.w_off % 4 == 0 && p.y_off % 4 == 0;
   ctx.dispatch(variant(ctx, "rms_norm"), {in(x), in(w), out(y), out(rstd)}, p,
                {std::min<uint32_t>(p.rows, 65535), 1, 1}, {row_group_size(c)});
 }

@@ -3,6 +3,8 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
+#include <span>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -134,7 +136,19 @@ const Pipeline& Pipelines::get(const std::string& kernel, uint32_t bindings, con
 
   auto mit = modules_.find(kernel);
   if (mit == modules_.end()) {
-    auto code = embedded_spirv(kernel);
+    // LMTUNE_SPV_DIR=<dir>: take <dir>/<kernel>.spv instead of the embedded module where it exists (kernel
+    // tuning on a device without rebuilding the binary).
+    std::span<const uint32_t> code = embedded_spirv(kernel);
+    std::vector<uint32_t> override_code;
+    if (const char* d = std::getenv("LMTUNE_SPV_DIR"); d && *d) {
+      std::vector<char> bytes = read_file(std::string(d) + "/" + kernel + ".spv");
+      if (!bytes.empty() && bytes.size() % 4 == 0) {
+        override_code.resize(bytes.size() / 4);
+        std::memcpy(override_code.data(), bytes.data(), bytes.size());
+        code = override_code;
+        spdlog::info("vulkan: kernel {} from {}/{}.spv", kernel, d, kernel);
+      }
+    }
     if (code.empty())
       throw DeviceError("vulkan: no kernel named '" + kernel + "' (is it listed in kernels/variants.txt?)");
     VkShaderModuleCreateInfo mi{VK_STRUCTURE_TYPE_SHADER_MODULE_CREATE_INFO};

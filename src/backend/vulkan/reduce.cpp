@@ -13,7 +13,7 @@ uint32_t row_group_size(uint32_t n) { return n >= 4096 ? 256 : n >= 512 ? 128 : 
 struct ReducePush {
   uint32_t n, axis_stride, rows;
   uint32_t oshape[3], xs[3], ys[3];
-  uint32_t x_off, y_off, dtypes, op, mode;
+  uint32_t x_off, y_off, dtypes, op, mode, vec;
 };
 static_assert(sizeof(ReducePush) <= 128);
 
@@ -65,6 +65,8 @@ void reduce_axis(const Tensor& x_in, const Tensor& y, int axis, ReduceOp op) {
   // invocation per row, whose neighbours then read neighbouring memory.
   // Short axes always take the invocation-per-row mode.
   p.mode = p.n <= 32 || (p.axis_stride != 1 && p.rows >= 4096) ? 1 : 0;
+  p.vec = vector_paths() && p.mode == 0 && p.axis_stride == 1 && p.n % 4 == 0 && p.x_off % 4 == 0 && p.xs[0] % 4 == 0 &&
+          p.xs[1] % 4 == 0 && p.xs[2] % 4 == 0;
   uint32_t wg = p.mode == 1 ? 64 : row_group_size(p.n);
   Groups g = p.mode == 0 ? Groups{std::min<uint32_t>(p.rows, 65535), 1, 1} : groups_1d(p.rows, wg);
   ctx.dispatch(variant(ctx, "reduce"), {in(x), out(y)}, p, g, {wg});

@@ -15,7 +15,7 @@ void require_dense(const Tensor& t, const char* op) {
 }
 
 struct SoftmaxPush {
-  uint32_t n, rows, x_off, y_off, dtypes, log_softmax;
+  uint32_t n, rows, x_off, y_off, dtypes, log_softmax, vec;
 };
 struct CrossEntropyPush {
   uint32_t n, v, l_off, t_off, a_off, b_off, d_off, dtypes;
@@ -31,7 +31,8 @@ void softmax_rows(const Tensor& x_in, const Tensor& y, bool log) {
   Context& ctx = context_for(y.device());
   int64_t n = x.ndim() ? x.shape().back() : 1;
   SoftmaxPush p{u32(n, "row length"), u32(x.numel() / n, "rows"), elem_offset(x), elem_offset(y),
-                uint32_t(x.dtype()) | uint32_t(y.dtype()) << 4, log};
+                uint32_t(x.dtype()) | uint32_t(y.dtype()) << 4, log, 0};
+  p.vec = vector_paths() && p.n % 4 == 0 && p.x_off % 4 == 0 && p.y_off % 4 == 0;
   ctx.dispatch(variant(ctx, "softmax"), {in(x), out(y)}, p, {std::min<uint32_t>(p.rows, 65535), 1, 1},
                {row_group_size(n)});
 }
