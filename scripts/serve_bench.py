@@ -5,10 +5,17 @@ Each client thread sends greedy /v1/completions requests back to back; the figur
 requests (from their usage) divided by the wall time of the level. Only the standard library is used.
 
   scripts/serve_bench.py --url http://127.0.0.1:8080 --models base,alpha,beta,gamma --concurrency 1,8,32
+
+For a benchmark without trained adapters, random PEFT adapters (LoRA on q_proj and v_proj) can be written first:
+
+  scripts/serve_bench.py --make-adapter MODEL_DIR OUT_DIR --rank 8 --seed 1
 """
 import argparse
 import http.client
 import json
+import os
+import random
+import struct
 import threading
 import time
 import urllib.parse
@@ -54,15 +61,50 @@ def level(url, models, concurrency, requests_per_client, max_tokens, api_key):
     return sum(total), seconds
 
 
+def make_adapter(model_dir, out_dir, rank, seed):
+    """A PEFT LoRA adapter with random A and B on every q_proj and v_proj (standard library only)."""
+    cfg = json.load(open(os.path.join(model_dir, "config.json")))
+    hidden, layers = cfg["hidden_size"], cfg["num_hidden_layers"]
+    head_dim = cfg.get("head_dim") or hidden // cfg["num_attention_heads"]
+    outs = {"q_proj": cfg["num_attention_heads"] * head_dim, "v_proj": cfg["num_key_value_heads"] * head_dim}
+    rng = random.Random(seed)
+    header, blobs, offset = {"__metadata__": {"format": "pt"}}, [], 0
+    for layer in range(layers):
+        for proj, out in outs.items():
+            for which, shape in (("A", [rank, hidden]), ("B", [out, rank])):
+                n = shape[0] * shape[1]
+                data = struct.pack(f"<{n}f", *(rng.gauss(0, 0.3) for _ in range(n)))
+                name = f"base_model.model.model.layers.{layer}.self_attn.{proj}.lora_{which}.weight"
+                header[name] = {"dtype": "F32", "shape": shape, "data_offsets": [offset, offset + len(data)]}
+                blobs.append(data)
+                offset += len(data)
+    head = json.dumps(header).encode()
+    head += b" " * (-len(head) % 8)
+    os.makedirs(out_dir, exist_ok=True)
+    with open(os.path.join(out_dir, "adapter_model.safetensors"), "wb") as f:
+        f.write(struct.pack("<Q", len(head)) + head + b"".join(blobs))
+    json.dump({"peft_type": "LORA", "r": rank, "lora_alpha": 2 * rank, "target_modules": list(outs),
+               "bias": "none", "base_model_name_or_path": model_dir},
+              open(os.path.join(out_dir, "adapter_config.json"), "w"), indent=2)
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--make-adapter", nargs=2, metavar=("MODEL_DIR", "OUT_DIR"))
+    p.add_argument("--rank", type=int, default=8)
+    p.add_argument("--seed", type=int, default=1)
     p.add_argument("--url", default="http://127.0.0.1:8080")
-    p.add_argument("--models", required=True, help="comma-separated model names, used round-robin")
+    p.add_argument("--models", help="comma-separated model names, used round-robin")
     p.add_argument("--concurrency", default="1,8,32")
     p.add_argument("--requests", type=int, default=2, help="requests per client per level")
     p.add_argument("--max-tokens", type=int, default=32)
     p.add_argument("--api-key", default="")
     a = p.parse_args()
+    if a.make_adapter:
+        make_adapter(*a.make_adapter, a.rank, a.seed)
+        return
+    if not a.models:
+        p.error("--models is required")
     models = a.models.split(",")
     one_request(a.url, models[0], "warm up", 4, a.api_key)
     for c in [int(x) for x in a.concurrency.split(",")]:

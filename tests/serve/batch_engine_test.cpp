@@ -96,6 +96,64 @@ TEST(BatchEngine, StaggeredMixedAdapterRequestsEqualEachAlone) {
   EXPECT_EQ(engine.cache_bytes(), 0u);  // everything left: the cache holds no rows
 }
 
+// Every decoder family of the fixtures (sliding windows, soft-capping, q/k norms, biases), with two random
+// adapters made on the fly: staggered joins equal each sequence alone. Prompts and outputs run past the
+// fixtures' sliding window, so right-aligned rows must keep window masks right.
+models::Decoder fixture_with(const std::string& arch, const std::vector<std::string>& adapters) {
+  models::Decoder m = models::load_decoder(infer::test::model_fixture(arch), DType::f32, DType::f32, Device::cpu());
+  for (const std::string& name : adapters) {
+    uint64_t seed = name == "a" ? 1 : 2;
+    models::add_lora(m.weights(), {name == "a" ? "q_proj" : "all-linear"}, 2, 1.0f, seed, name);
+    uint64_t s = seed * 1000;
+    for (models::Linear* l : m.weights().linears())
+      for (auto& a : l->adapters)
+        if (a.name == name) a.B = Tensor::randn(a.B.shape(), s++, 0.3f);
+  }
+  return m;
+}
+
+class EngineFixture : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(EngineFixture, StaggeredJoinsEqualAlone) {
+  const std::string arch = GetParam();
+  models::Decoder served = fixture_with(arch, {"a", "b"});
+  const std::vector<std::vector<int32_t>> prompts = {{5, 17, 99}, {3, 42, 7, 1, 2, 64, 100}, {11, 9, 120, 33, 8, 6},
+                                                     {7}, {60, 61, 62, 63, 64, 65, 66, 67, 68}};
+  const std::vector<std::string> names = {"", "a", "b", "a", ""};
+  infer::BatchEngine engine(served, 4, /*cache_chunk=*/4);
+  std::vector<std::unique_ptr<infer::Sequence>> seqs;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    infer::StopParams stop;
+    stop.max_tokens = int(6 + 2 * i);
+    seqs.push_back(std::make_unique<infer::Sequence>(prompts[i], infer::SamplingParams{}, stop));
+  }
+  size_t next = 0;
+  for (int step = 0; next < seqs.size() || engine.size() > 0; ++step) {
+    if (next < seqs.size() && engine.size() < engine.max_batch() && step % 2 == 0) {
+      engine.join({seqs[next].get()}, {names[next]});
+      ++next;
+    }
+    engine.step();
+    std::vector<infer::Sequence*> done;
+    for (infer::Sequence* s : engine.sequences())
+      if (s->finished()) done.push_back(s);
+    engine.remove(done);
+    ASSERT_LT(step, 300);
+  }
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    models::Decoder ref = fixture_with(arch, names[i].empty() ? std::vector<std::string>{}
+                                                              : std::vector<std::string>{names[i]});
+    infer::StopParams stop;
+    stop.max_tokens = int(6 + 2 * i);
+    std::vector<infer::Sequence> one;
+    one.emplace_back(prompts[i], infer::SamplingParams{}, stop);
+    infer::generate(ref, one, 1);
+    EXPECT_EQ(seqs[i]->generated(), one[0].generated()) << arch << " sequence " << i << " adapter '" << names[i] << "'";
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Models, EngineFixture, ::testing::ValuesIn(infer::test::fixture_names()));
+
 TEST(BatchEngine, AdaptersChangeTheOutput) {
   // Guards the test above against adapters that do nothing on this tiny model.
   Case base{{3, 42, 7, 1, 2, 64, 100}, "", {}, 10};

@@ -305,7 +305,14 @@ TEST(Serve, SamplingFieldsStopStringsAndN) {
   Reply greedy = post("/v1/completions", completion_body(base_name(), "Once upon a time", 16));
   std::string full = text_of(greedy.body, false);
   ASSERT_GE(full.size(), 4u);
-  std::string stop = full.substr(full.size() / 2, 2);
+  // One or two whole UTF-8 characters from the middle of the text.
+  auto boundary = [&](size_t i) {
+    while (i < full.size() && (static_cast<unsigned char>(full[i]) & 0xC0) == 0x80) ++i;
+    return i;
+  };
+  size_t from = boundary(full.size() / 2), to = boundary(boundary(from + 1) + 1);
+  ASSERT_LT(from, to);
+  std::string stop = full.substr(from, to - from);
   json sb = completion_body(base_name(), "Once upon a time", 16);
   sb["stop"] = json::array({stop, "zzzz-never"});
   Reply cut = post("/v1/completions", sb);
@@ -506,6 +513,21 @@ TEST(Serve, FullQueueAnswers503AndDisconnectsCancel) {
   SchedulerStats st = small.server.stats();
   EXPECT_LT(st.generated_tokens, 1500) << "the disconnected generation kept running";
   EXPECT_EQ(post(c, "/v1/completions", completion_body(base_name(), "x", 2).dump()).status, 200);
+}
+
+TEST(Serve, NonStreamingClientThatGivesUpCancelsItsGeneration) {
+  ServeOptions o = default_options();
+  o.max_batch = 2;
+  Running r(o);
+  httplib::Client c = r.client(/*timeout_s=*/1);  // gives up (and closes the connection) after a second
+  json body = completion_body(base_name(), "A very long story:", 1800);
+  body["stop"] = json::array();
+  Reply gone = post(c, "/v1/completions", body.dump());
+  EXPECT_LT(gone.status, 0) << "the client should have timed out";
+  // The server notices within a few of its one-second heartbeats, long before 1800 tokens.
+  EXPECT_TRUE(eventually([&] { return health_field(r, "running") == 0; }, 15s));
+  EXPECT_EQ(r.server.stats().jobs_done, 1);
+  EXPECT_LT(r.server.stats().generated_tokens, 1800);
 }
 
 size_t rss_bytes() {
