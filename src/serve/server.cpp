@@ -6,6 +6,7 @@
 #include <spdlog/spdlog.h>
 
 #include <arpa/inet.h>
+#include <sys/socket.h>
 
 #include <chrono>
 #include <ctime>
@@ -116,6 +117,7 @@ struct Server::Impl {
   Scheduler scheduler;
   httplib::Server http;
   int64_t started = std::time(nullptr);
+  int listen_fd = -1;  // captured from the socket options hook, to raise httplib's listen backlog
 
   Impl(ServedModel& m, ServeOptions o)
       : model(m), options(std::move(o)), scheduler(m.decoder, {options.max_batch, options.queue}) {}
@@ -146,6 +148,9 @@ int Server::bind() {
   if (port <= 0)
     throw ConfigError("serve: cannot listen on " + s.options.host + ":" + std::to_string(s.options.port) +
                       " (address in use or not available)");
+  // cpp-httplib 0.11 listens with a backlog of 5: a burst of concurrent clients overflows it and some connections
+  // are reset. Calling listen() again on a listening socket raises the backlog.
+  if (s.listen_fd >= 0) ::listen(s.listen_fd, SOMAXCONN);
   return port;
 }
 
@@ -168,6 +173,12 @@ void Server::Impl::routes() {
   http.set_read_timeout(options.timeout_s, 0);
   http.set_write_timeout(options.timeout_s, 0);
   http.set_keep_alive_timeout(5);
+  // SO_REUSEADDR only: httplib's default SO_REUSEPORT would let a second server share (and split) the port.
+  http.set_socket_options([this](socket_t sock) {
+    int yes = 1;
+    setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
+    listen_fd = sock;
+  });
 
   http.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
     if (options.api_key.empty() || req.path == "/health") return httplib::Server::HandlerResponse::Unhandled;
