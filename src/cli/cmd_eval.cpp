@@ -57,10 +57,10 @@ void run_eval(const std::string& device, const EvalArgs& a) {
     rows.push_back(j);
   };
   if (!a.no_base) evaluate("base");
-  for (const auto& spec : specs) {
-    infer::load_adapter(decoder, spec);
-    evaluate(spec.dir.string() + (spec.multiplier != 1 ? ":" + std::to_string(spec.multiplier) : ""));
-    models::remove_adapter(decoder.weights(), spec.name);
+  for (size_t i = 0; i < specs.size(); ++i) {
+    infer::load_adapter(decoder, specs[i]);
+    evaluate(a.model.adapters[i]);  // named as given on the command line
+    models::remove_adapter(decoder.weights(), specs[i].name);
   }
   if (a.json) return;
   size_t w = 5;

@@ -236,9 +236,12 @@ Dataset load_dataset(const std::filesystem::path& file, const Tokenizer& tok, co
     ds.samples.push_back(std::move(s));
   }
   st.format = format;
+  if (ds.samples.empty())
+    throw FileError(file.string() + ": no usable samples (" + std::to_string(st.lines) + " lines read, " +
+                    std::to_string(st.rejected_untrainable) + " with no trainable token, e.g. chat data without an "
+                    "assistant turn, " + std::to_string(st.dropped_overlong) + " dropped as over-long)");
   if (st.rejected_untrainable)
     spdlog::warn("{}: rejected {} sample(s) with no trainable token", file.string(), st.rejected_untrainable);
-  if (ds.samples.empty()) throw FileError(file.string() + ": no usable samples (" + std::to_string(st.lines) + " lines read)");
   if (!cache_dir.empty()) write_cache(cache_file, ds);
   return ds;
 }

@@ -14,7 +14,7 @@
 namespace lmtune::infer {
 
 LossResult evaluate_loss(const models::Decoder& decoder, const Dataset& dataset, int batch_size, int seq_len,
-                         bool packing) {
+                         bool packing, int max_batches) {
   NoGrad no_grad;
   const Device dev = decoder.device();
   Batcher batcher(dataset, batch_size, seq_len, packing, /*seed=*/0, /*shuffle=*/false);
@@ -22,8 +22,9 @@ LossResult evaluate_loss(const models::Decoder& decoder, const Dataset& dataset,
   double total = 0;
   // Rows of lm_head per chunk: bounds the [rows, V] logits (e.g. 512 x 152k f32 = 311 MB).
   const int64_t chunk = std::max<int64_t>(1, (int64_t(64) << 20) / (4 * decoder.config().vocab_size));
-  while (!batcher.epoch_finished()) {
+  while (!batcher.epoch_finished() && (max_batches <= 0 || r.batches < max_batches)) {
     Batch b = batcher.next();
+    if (b.B == 0) break;
     ++r.batches;
     if (b.trainable_tokens == 0) continue;
     const int64_t B = b.B, T = b.T, C = decoder.config().hidden_size;

@@ -25,9 +25,10 @@ struct LossResult {
 // Batcher(dataset, batch_size, seq_len, packing, seed 0, shuffle=false). Each batch runs forward_hidden with the
 // batch's doc ids and positions; lm_head and the loss run on the target rows only, in chunks, so [B*T, V] logits
 // are never materialised. The sum over all batches is divided by the total target count (not a mean of batch
-// means). Runs without gradients.
+// means). max_batches > 0 stops after that many batches (the trainer's eval.batches). Runs without gradients.
+// This is the definition of the trainer's validation loss (train_step.cpp's evaluate() computes the same sum).
 LossResult evaluate_loss(const models::Decoder& decoder, const Dataset& dataset, int batch_size, int seq_len,
-                         bool packing);
+                         bool packing, int max_batches = 0);
 
 struct PromptCompletion {
   std::string prompt, completion;

@@ -56,6 +56,9 @@ TEST(EvaluateLoss, EqualsDirectComputation) {
       EXPECT_NEAR(r.loss, want, 1e-5 * want) << "packing " << packing << " batch " << batch;
       EXPECT_NEAR(r.ppl(), std::exp(want), 1e-4 * std::exp(want));
     }
+  LossResult first = evaluate_loss(m, ds, 1, 64, false, /*max_batches=*/1);
+  EXPECT_EQ(first.batches, 1);
+  EXPECT_EQ(first.tokens, int64_t(std::count(ds.samples[0].trainable.begin() + 1, ds.samples[0].trainable.end(), 1)));
 }
 
 TEST(EvaluateGeneration, ExactMatchAndContains) {
