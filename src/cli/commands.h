@@ -30,5 +30,7 @@ void add_generate_command(CLI::App& app, const std::string& device);
 void add_chat_command(CLI::App& app, const std::string& device);
 void add_eval_command(CLI::App& app, const std::string& device);
 void add_export_command(CLI::App& app, const std::string& device);
+// `lmtune serve` (cli/cmd_serve.cpp; the work is in src/serve/).
+void add_serve_command(CLI::App& app, const std::string& device);
 
 }  // namespace lmtune::cli

@@ -112,25 +112,25 @@ Tensor Session::forward_last(const Tensor& ids, const Tensor& positions, const T
   return decoder_.logits(last);
 }
 
-void Session::sample_rows(const Tensor& logits) {
+void sample_rows(const Tensor& logits, const std::vector<Sequence*>& rows) {
   const int64_t B = logits.dim(0), V = logits.dim(1);
   bool full = false;
   int k = 1;
-  for (const Sequence* s : rows_) {
+  for (const Sequence* s : rows) {
     if (s->finished()) continue;
     full |= s->sampling().needs_full_row();
     if (!s->sampling().greedy()) k = std::max(k, s->sampling().top_k);
   }
   if (!full && k == 1) {
     std::vector<int32_t> ids = ops::argmax(logits, -1).to_ints();  // B ints cross to the host
-    for (int64_t b = 0; b < B; ++b) rows_[size_t(b)]->accept(ids[size_t(b)]);
+    for (int64_t b = 0; b < B; ++b) rows[size_t(b)]->accept(ids[size_t(b)]);
   } else if (!full) {
     k = int(std::min<int64_t>(k, V));
     auto [values, indices] = ops::topk(logits, k);  // B * k candidates cross to the host
     std::vector<float> v = values.to_floats();
     std::vector<int32_t> ids = indices.to_ints();
     for (int64_t b = 0; b < B; ++b) {
-      Sequence* s = rows_[size_t(b)];
+      Sequence* s = rows[size_t(b)];
       if (s->finished()) continue;
       int kb = s->sampling().greedy() ? 1 : std::min(s->sampling().top_k, k);
       auto vb = v.begin() + b * k;
@@ -140,7 +140,7 @@ void Session::sample_rows(const Tensor& logits) {
   } else {
     std::vector<float> all = logits.to_floats();
     for (int64_t b = 0; b < B; ++b) {
-      Sequence* s = rows_[size_t(b)];
+      Sequence* s = rows[size_t(b)];
       if (s->finished()) continue;
       auto row = all.begin() + b * V;
       s->accept(s->sampler_.sample({row, row + V}, s->sampling().repetition_penalty != 1 ? s->history()
@@ -199,7 +199,7 @@ void Session::prefill(const std::vector<Sequence*>& seqs) {
   }
   Tensor logits = forward_last(Tensor::from_ints(ids, {B, P}, dev), Tensor::from_ints(pos, {B, P}, dev),
                                padded ? Tensor::from_ints(mask, {B, P}, dev) : Tensor());
-  sample_rows(logits);
+  sample_rows(logits, rows_);
   stats_.prefill_seconds += seconds_since(t0);
   stats_.peak_bytes = std::max(stats_.peak_bytes, backend(dev).peak_bytes());
 }
@@ -238,7 +238,7 @@ int64_t Session::step() {
     logits = forward_last(Tensor::from_ints(fi, {B, W}, dev), Tensor::from_ints(fp, {B, W}, dev),
                           padded ? Tensor::from_ints(fm, {B, W}, dev) : Tensor());
   }
-  sample_rows(logits);
+  sample_rows(logits, rows_);
   stats_.decode_seconds += seconds_since(t0);
   stats_.peak_bytes = std::max(stats_.peak_bytes, backend(dev).peak_bytes());
   return running();

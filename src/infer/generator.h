@@ -36,6 +36,13 @@ struct StopParams {
 enum class FinishReason { running, length, stop_id, stop_string };
 const char* finish_reason_name(FinishReason reason);
 
+class Sequence;
+// Samples one token for every unfinished row from logits [B, V] (row b belongs to rows[b]) and feeds it to the
+// sequence: greedy and top-k sampling (without a repetition penalty) read back only the arg-max or the top-k
+// candidates per row; other samplers read back the rows. Shared by Session and the serving engine
+// (infer/batch_engine.h).
+void sample_rows(const Tensor& logits, const std::vector<Sequence*>& rows);
+
 class Sequence {
  public:
   // `tokenizer` (may be null: no text, no stop strings) must outlive the sequence.
@@ -53,6 +60,8 @@ class Sequence {
 
  private:
   friend class Session;
+  friend class BatchEngine;
+  friend void sample_rows(const Tensor& logits, const std::vector<Sequence*>& rows);
   void accept(int32_t id);  // one sampled id: stop checks, streaming
   void finish(FinishReason reason);
   std::vector<int32_t> history() const;  // prompt + generated, for the repetition penalty
@@ -99,7 +108,6 @@ class Session {
 
  private:
   Tensor forward_last(const Tensor& ids, const Tensor& positions, const Tensor& mask);  // -> logits [B, V]
-  void sample_rows(const Tensor& logits);
 
   const models::Decoder& decoder_;
   int64_t max_batch_;

@@ -191,6 +191,78 @@ KvCache::View KvCache::append(int layer, const Tensor& k, const Tensor& v) {
   return view;
 }
 
+int64_t KvCache::row_tokens(int64_t b) const {
+  if (b < 0 || b >= batch_) throw ShapeError("kv cache: row " + std::to_string(b) + " of " + std::to_string(batch_));
+  if (!padded_) return length_;
+  int64_t n = 0;
+  for (uint8_t v : valid_[size_t(b)]) n += v;
+  return n;
+}
+
+void KvCache::regroup(const std::vector<RowRef>& rows) {
+  // Each source row keeps its columns from its first real token on ("extent"); the new timeline is the longest
+  // extent, and shorter rows are padded on the left.
+  for (const Layer& l : layers_)
+    if (l.window > 0) throw ShapeError("kv cache: regroup needs a cache made with bound_sliding = false");
+  std::vector<int64_t> extent(rows.size(), 0);
+  int64_t L = 0;
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const KvCache& src = *rows[i].cache;
+    if (rows[i].row < 0 || rows[i].row >= src.batch_)
+      throw ShapeError("kv cache: regroup of row " + std::to_string(rows[i].row) + " of a batch of " +
+                       std::to_string(src.batch_));
+    if (src.layers_.size() != layers_.size() || src.kv_heads_ != kv_heads_ || src.head_dim_ != head_dim_ ||
+        src.dtype_ != dtype_ || src.device_ != device_)
+      throw ShapeError("kv cache: regroup across caches of different models, dtypes or devices");
+    for (const Layer& l : src.layers_)
+      if (l.window > 0 || l.used != src.length_)
+        throw ShapeError("kv cache: regroup needs caches that keep every token (bound_sliding = false)");
+    int64_t first = 0;
+    if (src.padded_) {
+      const auto& v = src.valid_[size_t(rows[i].row)];
+      while (first < src.length_ && !v[size_t(first)]) ++first;
+    }
+    extent[i] = src.length_ - first;
+    L = std::max(L, extent[i]);
+  }
+  const int64_t n = int64_t(rows.size());
+  const int64_t capacity = (L + 1 + chunk_ - 1) / chunk_ * chunk_;
+  // Zero-filled: padding keys and values are masked out of the softmax, but 0 · NaN would still poison a sum.
+  std::vector<Layer> layers(layers_.size());
+  std::vector<std::vector<uint8_t>> valid(static_cast<size_t>(n));
+  for (size_t li = 0; li < layers_.size() && n > 0; ++li) {
+    Layer& dst = layers[li];
+    dst.k = Tensor::zeros({n, capacity, kv_heads_, head_dim_}, dtype_, device_);
+    dst.v = Tensor::zeros({n, capacity, kv_heads_, head_dim_}, dtype_, device_);
+    dst.used = L;
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t e = extent[size_t(i)];
+      if (e == 0) continue;
+      const KvCache& src = *rows[size_t(i)].cache;
+      const Layer& s = src.layers_[li];
+      const int64_t r = rows[size_t(i)].row;
+      auto cols = [](const Tensor& t, int64_t row, int64_t begin, int64_t end) {
+        return Slice(1, begin, end, 1).apply_to(Slice(0, row, row + 1, 1).apply_to(t));
+      };
+      copy_into(cols(dst.k, i, L - e, L), cols(s.k, r, src.length_ - e, src.length_));
+      copy_into(cols(dst.v, i, L - e, L), cols(s.v, r, src.length_ - e, src.length_));
+    }
+  }
+  for (int64_t i = 0; i < n; ++i) {
+    const KvCache& src = *rows[size_t(i)].cache;
+    const int64_t e = extent[size_t(i)];
+    std::vector<uint8_t>& v = valid[size_t(i)];
+    v.assign(size_t(L - e), 0);
+    for (int64_t j = src.length_ - e; j < src.length_; ++j)
+      v.push_back(src.padded_ ? src.valid_[size_t(rows[size_t(i)].row)][size_t(j)] : 1);
+  }
+  layers_ = std::move(layers);
+  valid_ = std::move(valid);
+  padded_ = true;
+  batch_ = n;
+  length_ = L;
+}
+
 // ---------------------------------------------------------------------------------------------------------------
 // Decoder
 
@@ -231,9 +303,9 @@ Tensor Decoder::layer_forward(int index, const Tensor& x, const Tensor& position
 
   // ---- attention ----
   Tensor h = norm(x, w.input_norm);
-  Tensor q = ops::reshape(w.attn.q(h), {B, T, H, D});
-  Tensor k = ops::reshape(w.attn.k(h), {B, T, KV, D});
-  Tensor v = ops::reshape(w.attn.v(h), {B, T, KV, D});
+  Tensor q = ops::reshape(w.attn.q(h, options.row_adapters), {B, T, H, D});
+  Tensor k = ops::reshape(w.attn.k(h, options.row_adapters), {B, T, KV, D});
+  Tensor v = ops::reshape(w.attn.v(h, options.row_adapters), {B, T, KV, D});
   if (config_.qk_norm) {
     q = norm(q, w.attn.q_norm);
     k = norm(k, w.attn.k_norm);
@@ -258,19 +330,19 @@ Tensor Decoder::layer_forward(int index, const Tensor& x, const Tensor& position
     ao.key_mask = options.attend_mask;
   }
   Tensor a = ops::attention(q, k, v, ao);
-  a = w.attn.o(ops::reshape(a, {B, T, H * D}));
+  a = w.attn.o(ops::reshape(a, {B, T, H * D}), options.row_adapters);
   if (config_.sandwich_norms) a = norm(a, w.post_attn_norm);
   Tensor r = ops::add(x, a);
 
   // ---- MLP ----
   h = norm(r, w.pre_mlp_norm);
-  Tensor gate = w.mlp.gate(h);
+  Tensor gate = w.mlp.gate(h, options.row_adapters);
   switch (config_.hidden_act) {
     case Activation::silu: gate = ops::silu(gate); break;
     case Activation::gelu_tanh: gate = ops::gelu_tanh(gate); break;
     case Activation::gelu_erf: gate = ops::gelu_erf(gate); break;
   }
-  Tensor m = w.mlp.down(ops::mul(gate, w.mlp.up(h)));
+  Tensor m = w.mlp.down(ops::mul(gate, w.mlp.up(h, options.row_adapters)), options.row_adapters);
   if (config_.sandwich_norms) m = norm(m, w.post_mlp_norm);
   return ops::add(r, m);
 }
@@ -301,7 +373,9 @@ Tensor Decoder::forward_hidden(const Tensor& ids, const Tensor& positions, const
   for (int i = 0; i < int(weights_.layers.size()); ++i) {
     if (checkpointing) {
       // The recomputation runs during backward, after this call returns: capture by value.
-      ForwardOptions opt{options.doc_ids, options.attend_mask, nullptr, false};
+      ForwardOptions opt = options;
+      opt.cache = nullptr;
+      opt.checkpoint_layers = false;
       Fn layer = [this, i, positions, opt](const std::vector<Tensor>& in) {
         return std::vector<Tensor>{layer_forward(i, in[0], positions, opt)};
       };

@@ -79,6 +79,20 @@ class KvCache {
   // the next call's attend mask (host, [B * T], 0 = a padding token no query may attend to, now or later).
   // Once any padding is recorded, View::key_mask marks the padding keys of each view.
   void record_attend_mask(const std::vector<int32_t>& mask, int64_t tokens);
+
+  // Continuous batching (serving): sequences join and leave between calls. All rows share the column timeline
+  // and each row's tokens end at the last column (earlier columns are padding), so the decoder's causal and
+  // window masks hold for every row. regroup makes row i a copy of rows[i] — a row of this cache or of another
+  // one of the same model (e.g. the prefill of new prompts) — right-aligned on a timeline just long enough for
+  // the longest of them: rows left out are dropped, and columns no row uses any more are trimmed. Needs caches
+  // made with bound_sliding = false (their layers hold every token).
+  struct RowRef {
+    const KvCache* cache;
+    int64_t row;
+  };
+  void regroup(const std::vector<RowRef>& rows);
+  // Real (non-padding) tokens of row b.
+  int64_t row_tokens(int64_t b) const;
   // Bytes held by the buffers.
   size_t bytes() const;
 
@@ -104,6 +118,8 @@ struct ForwardOptions {
   Tensor attend_mask;
   KvCache* cache = nullptr;       // optional: append this call's keys/values and attend to the cached ones
   bool checkpoint_layers = false; // gradient checkpointing: each layer recomputes its activations in backward
+  // optional (serving): the adapter of each batch row; every Linear then applies only that adapter to that row.
+  const RowAdapters* row_adapters = nullptr;
 };
 
 class Decoder {

@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "core/autodiff.h"
+#include "core/error.h"
 #include "core/ops.h"
 #include "core/random.h"
 
@@ -28,6 +29,13 @@ Tensor dropout_mask(const Tensor& x, float p, uint64_t key) {
   return Tensor::from_floats(m, x.shape(), x.dtype(), x.device());
 }
 
+// scale · (dropout(x) Aᵀ) Bᵀ: R·(in + out) per token instead of materialising B A.
+Tensor lora_delta(const LoraAdapter& a, const Tensor& x) {
+  Tensor in = g_dropout.active && a.dropout > 0 ? ops::mul(x, dropout_mask(x, a.dropout, a.dropout_key)) : x;
+  Tensor up = ops::linear(ops::linear(in, a.A), a.B);
+  return a.scale == 1.0f ? up : ops::scale(up, a.scale);
+}
+
 }  // namespace
 
 LoraDropoutScope::LoraDropoutScope(uint64_t seed, uint64_t step, uint64_t micro) {
@@ -38,14 +46,34 @@ LoraDropoutScope::~LoraDropoutScope() { g_dropout.active = false; }
 Tensor Linear::operator()(const Tensor& x) const {
   // matmul takes mixed operand dtypes (f32 accumulation) and writes x's dtype, so no weight copies are made.
   Tensor y = ops::linear(x, weight, bias);
-  for (const LoraAdapter& a : adapters) {
-    // (x Aᵀ) Bᵀ costs R·(in + out) per token instead of materialising B A.
-    Tensor in = g_dropout.active && a.dropout > 0 ? ops::mul(x, dropout_mask(x, a.dropout, a.dropout_key)) : x;
-    Tensor low = ops::linear(in, a.A);
-    Tensor up = ops::linear(low, a.B);
-    y = ops::add(y, a.scale == 1.0f ? up : ops::scale(up, a.scale));
-  }
+  for (const LoraAdapter& a : adapters) y = ops::add(y, lora_delta(a, x));
   return y;
+}
+
+Tensor Linear::operator()(const Tensor& x, const RowAdapters* rows) const {
+  if (!rows) return (*this)(x);
+  Tensor y = ops::linear(x, weight, bias);
+  const int64_t B = x.dim(0);
+  // The base product runs once over the whole batch; each group adds its low-rank delta to its own rows, and the
+  // pieces are stitched back along the batch axis (one copy of y, only when groups differ).
+  std::vector<Tensor> pieces;
+  int64_t done = 0;
+  for (const RowAdapters::Group& g : rows->groups) {
+    const LoraAdapter* a = nullptr;
+    for (const LoraAdapter& c : adapters)
+      if (c.name == g.name) a = &c;
+    if (!a || g.begin >= g.end) continue;
+    if (g.begin < done || g.end > B)
+      throw ShapeError("linear: adapter rows [" + std::to_string(g.begin) + ", " + std::to_string(g.end) +
+                       ") overlap or exceed the batch of " + std::to_string(B));
+    if (g.begin == 0 && g.end == B) return ops::add(y, lora_delta(*a, x));
+    if (done < g.begin) pieces.push_back(ops::slice(y, 0, done, g.begin));
+    pieces.push_back(ops::add(ops::slice(y, 0, g.begin, g.end), lora_delta(*a, ops::slice(x, 0, g.begin, g.end))));
+    done = g.end;
+  }
+  if (pieces.empty()) return y;
+  if (done < B) pieces.push_back(ops::slice(y, 0, done, B));
+  return ops::concat(pieces, 0);
 }
 
 LoraAdapter& Linear::add_adapter(int64_t rank, float scale, uint64_t seed, const std::string& name) {

@@ -1,6 +1,7 @@
 // A linear layer with LoRA slots: the frozen base weight (+ bias) of an HF module and a list of low-rank
 // adapters, y = x Wᵀ + b + Σ scale · (x Aᵀ) Bᵀ. Every projection of the decoder (q/k/v/o, gate/up/down) is one.
 // The base weight never requires grad; adapters' A and B do when they are being trained.
+// Serving batches requests that use different adapters: a RowAdapters then picks one adapter per batch row.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -30,6 +31,17 @@ struct LoraDropoutScope {
   LoraDropoutScope& operator=(const LoraDropoutScope&) = delete;
 };
 
+// Which adapter each row of a batch uses (serving: one request per row, each with its own adapter or none).
+// Rows [begin, end) of a group use only the adapter called `name`; rows outside every group use the base weights
+// alone. Groups are sorted by begin and do not overlap; contiguous groups keep the batched step free of gathers.
+struct RowAdapters {
+  struct Group {
+    std::string name;
+    int64_t begin = 0, end = 0;
+  };
+  std::vector<Group> groups;
+};
+
 class Linear {
  public:
   Linear() = default;
@@ -40,6 +52,9 @@ class Linear {
 
   // x [..., in] -> [..., out] in x's dtype; weights stay in their own dtype (matmul mixes dtypes).
   Tensor operator()(const Tensor& x) const;
+  // With `rows` (x [B, ...]): each group of rows gets only its own adapter's delta; rows outside the groups and
+  // groups naming an adapter this linear does not have get the base product alone. Null: as above.
+  Tensor operator()(const Tensor& x, const RowAdapters* rows) const;
 
   // Adds an adapter of rank R: A ~ U(-1/sqrt(in), 1/sqrt(in)) (kaiming-uniform as PEFT), B = 0, both f32 on
   // the weight's device and requiring grad. Returns it.

@@ -1,0 +1,102 @@
+// `lmtune serve --model DIR --adapter NAME=DIR ...`: the OpenAI-compatible server (src/serve/). Runs until
+// SIGINT or SIGTERM, which a watcher thread turns into a clean stop.
+#include <CLI/CLI.hpp>
+#include <spdlog/spdlog.h>
+
+#include <csignal>
+#include <cstdlib>
+#include <memory>
+#include <pthread.h>
+#include <thread>
+
+#include "cli/commands.h"
+#include "core/error.h"
+#include "serve/server.h"
+
+namespace lmtune::cli {
+namespace {
+
+struct ServeArgs {
+  std::string model;
+  std::vector<std::string> adapters;  // NAME=DIR[:scale]
+  std::string dtype = "f32", compute_dtype = "f32";
+  serve::ServeOptions options;
+  int max_n = 4, default_max_tokens = 256;
+};
+
+void run_serve(const std::string& device, ServeArgs a) {
+  apply_device_option(device);
+  if (a.options.api_key.empty())
+    if (const char* key = std::getenv("LMTUNE_API_KEY")) a.options.api_key = key;
+  if (!serve::is_loopback(a.options.host) && a.options.api_key.empty())
+    throw ConfigError("serve: refusing to listen on " + a.options.host +
+                      " without --api-key (or LMTUNE_API_KEY); bind 127.0.0.1 or set a key");
+  a.options.limits.max_n = a.max_n;
+  a.options.limits.default_max_tokens = a.default_max_tokens;
+  std::vector<serve::AdapterEntry> adapters;
+  for (const std::string& spec : a.adapters) adapters.push_back(serve::parse_adapter_entry(spec));
+  DType weights = parse_dtype(a.dtype), compute = parse_dtype(a.compute_dtype);
+  if (!is_float(weights) || !is_float(compute)) throw ConfigError("--dtype / --compute-dtype must be f32, f16 or bf16");
+
+  // Signals go to the watcher thread only (blocked here, before any other thread starts).
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+
+  std::unique_ptr<serve::ServedModel> model = serve::load_served_model(a.model, adapters, weights, compute);
+  serve::Server server(*model, a.options);
+  int port = server.bind();
+  std::string names = model->names.base;
+  for (const auto& n : model->names.adapters) names += ", " + n;
+  spdlog::info("serving {} on http://{}:{}/v1 (models: {}; batch {}, queue {}{})", a.model, a.options.host, port,
+               names, a.options.max_batch, a.options.queue, a.options.api_key.empty() ? "" : ", API key required");
+  std::thread watcher([&] {
+    int sig = 0;
+    sigwait(&signals, &sig);
+    spdlog::info("signal {}: stopping", sig);
+    server.stop();
+  });
+  server.run();
+  // run() also returns when the server stops on its own: wake the watcher so that it can be joined.
+  pthread_kill(watcher.native_handle(), SIGTERM);
+  watcher.join();
+}
+
+}  // namespace
+
+void add_serve_command(CLI::App& app, const std::string& device) {
+  auto* cmd = app.add_subcommand("serve", "OpenAI-compatible HTTP server for a model and its LoRA adapters");
+  auto a = std::make_shared<ServeArgs>();
+  cmd->add_option("--model", a->model, "model directory (config.json, safetensors, tokenizer files)")
+      ->required()
+      ->check(CLI::ExistingDirectory);
+  cmd->add_option("--adapter", a->adapters,
+                  "PEFT LoRA adapter that clients may select as \"model\": NAME=DIR[:scale] (repeatable)");
+  cmd->add_option("--dtype", a->dtype, "weight dtype: f32 | f16 | bf16")->default_val("f32");
+  cmd->add_option("--compute-dtype", a->compute_dtype, "activation dtype: f32 | f16 | bf16")->default_val("f32");
+  cmd->add_option("--host", a->options.host, "address to listen on (non-loopback needs --api-key)")
+      ->default_val("127.0.0.1");
+  cmd->add_option("--port", a->options.port, "TCP port")->default_val(8080)->check(CLI::Range(0, 65535));
+  cmd->add_option("--api-key", a->options.api_key, "require Authorization: Bearer KEY (also LMTUNE_API_KEY)");
+  cmd->add_option("--max-batch", a->options.max_batch, "sequences decoded together")
+      ->default_val(8)
+      ->check(CLI::Range(1, 1024));
+  cmd->add_option("--queue", a->options.queue, "requests waiting for a batch slot before 503")
+      ->default_val(64)
+      ->check(CLI::Range(1, 100000));
+  cmd->add_option("--max-body", a->options.max_body, "largest request body in bytes (413 above)")
+      ->default_val(1 << 20)
+      ->check(CLI::Range(1, 1 << 30));
+  cmd->add_option("--timeout", a->options.timeout_s, "socket read/write timeout in seconds")
+      ->default_val(60)
+      ->check(CLI::Range(1, 86400));
+  cmd->add_option("--max-n", a->max_n, "most choices (n) per request")->default_val(4)->check(CLI::Range(1, 64));
+  cmd->add_option("--default-max-tokens", a->default_max_tokens, "max_tokens when a request gives none")
+      ->default_val(256)
+      ->check(CLI::Range(1, 1 << 20));
+  cmd->callback([&device, a] { run_serve(device, *a); });
+}
+
+}  // namespace lmtune::cli

@@ -1,0 +1,183 @@
+// The continuous-batching engine (see batch_engine.h).
+#include "infer/batch_engine.h"
+
+#include <algorithm>
+#include <chrono>
+#include <numeric>
+
+#include "core/autodiff.h"
+#include "core/error.h"
+#include "core/ops.h"
+
+namespace lmtune::infer {
+namespace {
+using Clock = std::chrono::steady_clock;
+double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+}  // namespace
+
+BatchEngine::BatchEngine(const models::Decoder& decoder, int64_t max_batch, int64_t cache_chunk)
+    : decoder_(decoder), max_batch_(max_batch), cache_chunk_(cache_chunk) {
+  if (max_batch <= 0) throw ConfigError("serve: batch size must be positive");
+}
+
+bool BatchEngine::has_adapter(const std::string& name) const {
+  if (name.empty()) return true;
+  for (const auto& layer : decoder_.weights().layers)
+    for (const models::Linear* l : {&layer.attn.q, &layer.attn.k, &layer.attn.v, &layer.attn.o, &layer.mlp.gate,
+                                    &layer.mlp.up, &layer.mlp.down})
+      for (const models::LoraAdapter& a : l->adapters)
+        if (a.name == name) return true;
+  return false;
+}
+
+models::RowAdapters BatchEngine::groups_of(const std::vector<Row>& rows) const {
+  models::RowAdapters out;
+  for (size_t i = 0; i < rows.size();) {
+    size_t j = i;
+    while (j < rows.size() && rows[j].adapter == rows[i].adapter) ++j;
+    if (!rows[i].adapter.empty()) out.groups.push_back({rows[i].adapter, int64_t(i), int64_t(j)});
+    i = j;
+  }
+  return out;
+}
+
+Tensor BatchEngine::last_logits(const Tensor& ids, const Tensor& positions, const Tensor& mask,
+                                models::KvCache& cache, const models::RowAdapters& groups) const {
+  models::ForwardOptions opt;
+  opt.attend_mask = mask;
+  opt.cache = &cache;
+  opt.row_adapters = &groups;
+  Tensor hidden = decoder_.forward_hidden(ids, positions, opt);  // [B, T, C]
+  const int64_t B = hidden.dim(0), T = hidden.dim(1), C = hidden.dim(2);
+  // Left padding puts every row's last real token in the last column: lm_head runs on [B, C] only.
+  return decoder_.logits(ops::reshape(ops::contiguous(ops::slice(hidden, 1, T - 1, T)), {B, C}));
+}
+
+void BatchEngine::regroup(std::vector<Row> keep, const std::vector<Row>& incoming, const models::KvCache* from) {
+  struct Placed {
+    Row row;
+    models::KvCache::RowRef ref;
+  };
+  std::vector<Placed> all;
+  for (size_t i = 0; i < keep.size(); ++i) {
+    auto it = std::find(rows_.begin(), rows_.end(), keep[i].seq);
+    all.push_back({keep[i], {cache_.get(), int64_t(it - rows_.begin())}});
+  }
+  for (size_t i = 0; i < incoming.size(); ++i) all.push_back({incoming[i], {from, int64_t(i)}});
+  all.erase(std::remove_if(all.begin(), all.end(), [](const Placed& p) { return p.row.seq == nullptr; }), all.end());
+  std::stable_sort(all.begin(), all.end(), [](const Placed& a, const Placed& b) { return a.row.adapter < b.row.adapter; });
+  if (!cache_)
+    cache_ = std::make_unique<models::KvCache>(decoder_.config(), 0, decoder_.compute_dtype(), decoder_.device(),
+                                               cache_chunk_, /*bound_sliding=*/false);
+  std::vector<models::KvCache::RowRef> refs;
+  std::vector<Row> rows;
+  for (const Placed& p : all) {
+    refs.push_back(p.ref);
+    rows.push_back(p.row);
+  }
+  cache_->regroup(refs);
+  rows_.clear();
+  row_adapter_.clear();
+  for (const Row& r : rows) {
+    rows_.push_back(r.seq);
+    row_adapter_.push_back(r.adapter);
+  }
+  groups_ = groups_of(rows);
+}
+
+void BatchEngine::join(const std::vector<Sequence*>& seqs, const std::vector<std::string>& adapters) {
+  if (seqs.empty()) return;
+  if (adapters.size() != seqs.size())
+    throw ConfigError("serve: " + std::to_string(seqs.size()) + " sequences with " + std::to_string(adapters.size()) +
+                      " adapter names");
+  if (size() + int64_t(seqs.size()) > max_batch_)
+    throw ConfigError("serve: " + std::to_string(seqs.size()) + " new sequences do not fit a batch of " +
+                      std::to_string(max_batch_) + " holding " + std::to_string(size()));
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    if (seqs[i]->finished()) throw ConfigError("serve: a finished sequence cannot join the batch");
+    if (!has_adapter(adapters[i])) throw ConfigError("serve: no adapter named '" + adapters[i] + "' is loaded");
+  }
+  NoGrad no_grad;
+  const Device dev = decoder_.device();
+  auto t0 = Clock::now();
+
+  // The newcomers, sorted by adapter so that their prefill is grouped too.
+  std::vector<size_t> order(seqs.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return adapters[a] < adapters[b]; });
+  std::vector<Row> incoming;
+  std::vector<Sequence*> batch;
+  for (size_t i : order) {
+    incoming.push_back({seqs[i], adapters[i]});
+    batch.push_back(seqs[i]);
+  }
+  const int64_t B = int64_t(batch.size());
+  int64_t P = 0;
+  for (const Sequence* s : batch) P = std::max<int64_t>(P, int64_t(s->prompt().size()));
+  std::vector<int32_t> ids(size_t(B * P), 0), pos(size_t(B * P), 0), mask(size_t(B * P), 0);
+  bool padded = false;
+  for (int64_t b = 0; b < B; ++b) {
+    const auto& p = batch[size_t(b)]->prompt();
+    const int64_t pad = P - int64_t(p.size());
+    padded |= pad > 0;
+    for (int64_t j = 0; j < int64_t(p.size()); ++j) {
+      size_t i = size_t(b * P + pad + j);
+      ids[i] = p[size_t(j)];
+      pos[i] = int32_t(j);
+      mask[i] = 1;
+    }
+    batch[size_t(b)]->position_ = int64_t(p.size());
+    stats_.prefill_tokens += int64_t(p.size());
+  }
+  models::KvCache fresh(decoder_.config(), B, decoder_.compute_dtype(), dev, cache_chunk_, /*bound_sliding=*/false);
+  Tensor logits = last_logits(Tensor::from_ints(ids, {B, P}, dev), Tensor::from_ints(pos, {B, P}, dev),
+                              padded ? Tensor::from_ints(mask, {B, P}, dev) : Tensor(), fresh, groups_of(incoming));
+  sample_rows(logits, batch);
+  // Sequences already done (one token asked for, or a stop id first) never enter the batch.
+  for (Row& r : incoming)
+    if (r.seq->finished()) r.seq = nullptr;
+  std::vector<Row> keep;
+  for (size_t i = 0; i < rows_.size(); ++i) keep.push_back({rows_[i], row_adapter_[i]});
+  regroup(std::move(keep), incoming, &fresh);
+  stats_.prefill_seconds += seconds_since(t0);
+}
+
+void BatchEngine::step() {
+  if (rows_.empty()) return;
+  NoGrad no_grad;
+  const Device dev = decoder_.device();
+  auto t0 = Clock::now();
+  const int64_t B = size();
+  std::vector<int32_t> ids(static_cast<size_t>(B)), pos(static_cast<size_t>(B));
+  for (int64_t b = 0; b < B; ++b) {
+    Sequence* s = rows_[size_t(b)];
+    ids[size_t(b)] = s->last_;
+    pos[size_t(b)] = int32_t(s->position_);
+    if (!s->finished()) {
+      ++s->position_;
+      ++stats_.decode_tokens;
+    }
+  }
+  Tensor logits = last_logits(Tensor::from_ints(ids, {B, 1}, dev), Tensor::from_ints(pos, {B, 1}, dev), Tensor(),
+                              *cache_, groups_);
+  sample_rows(logits, rows_);
+  stats_.decode_seconds += seconds_since(t0);
+}
+
+void BatchEngine::remove(const std::vector<Sequence*>& seqs) {
+  std::vector<Row> keep;
+  for (size_t i = 0; i < rows_.size(); ++i)
+    if (std::find(seqs.begin(), seqs.end(), rows_[i]) == seqs.end()) keep.push_back({rows_[i], row_adapter_[i]});
+  if (keep.size() == rows_.size()) return;
+  NoGrad no_grad;
+  regroup(std::move(keep), {}, nullptr);
+}
+
+void BatchEngine::reset() {
+  rows_.clear();
+  row_adapter_.clear();
+  groups_ = {};
+  cache_.reset();
+}
+
+}  // namespace lmtune::infer

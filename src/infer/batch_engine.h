@@ -1,0 +1,66 @@
+// The serving engine: continuous batching over one decoder, with a LoRA adapter (or none) per sequence.
+//
+// Unlike Session (a fixed batch run to completion), sequences join and leave between decode steps:
+//   join(seqs)   prefills the new prompts together (left-padded, padding masked out of attention) in a KV cache
+//                of their own, samples each one's first token, then regroups that cache's rows and the running
+//                rows into the batch cache (models::KvCache::regroup: right-aligned rows, trimmed timeline).
+//   step()       one decode forward [B, 1] over every row, then one sample per running sequence.
+//   remove(seqs) drops finished or cancelled sequences (another regroup).
+// Rows are kept sorted by adapter name so that each adapter's rows form one contiguous group: every Linear runs
+// its base product once over the whole batch and adds each group's (x Aᵀ) Bᵀ · scale to that group's rows
+// (models::RowAdapters). A sequence therefore computes the same thing in any batch as alone.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "infer/generator.h"
+#include "models/decoder.h"
+
+namespace lmtune::infer {
+
+class BatchEngine {
+ public:
+  // `decoder` (with every adapter a request may name already attached) must outlive the engine.
+  BatchEngine(const models::Decoder& decoder, int64_t max_batch, int64_t cache_chunk = 256);
+
+  // Adds sequences (not finished; they must outlive their time in the batch) with their adapter names ("" = the
+  // base model alone). Prefills them and samples their first tokens; those that finish at once (max_tokens 1, a
+  // stop id) are not kept. Throws ConfigError when the batch would exceed max_batch or an adapter is unknown.
+  void join(const std::vector<Sequence*>& seqs, const std::vector<std::string>& adapters);
+  // One decode step for every sequence in the batch (finished ones stay until removed; their row is wasted).
+  void step();
+  // Drops these sequences from the batch (unknown ones are ignored).
+  void remove(const std::vector<Sequence*>& seqs);
+  // Forgets every sequence and the cache (after a failure).
+  void reset();
+
+  const std::vector<Sequence*>& sequences() const { return rows_; }
+  int64_t size() const { return int64_t(rows_.size()); }
+  int64_t max_batch() const { return max_batch_; }
+  bool has_adapter(const std::string& name) const;
+  const GenerationStats& stats() const { return stats_; }
+  size_t cache_bytes() const { return cache_ ? cache_->bytes() : 0; }
+
+ private:
+  struct Row {
+    Sequence* seq;
+    std::string adapter;
+  };
+  // Places `incoming` (rows of `from`, or null for none) among the running rows, sorted by adapter.
+  void regroup(std::vector<Row> keep, const std::vector<Row>& incoming, const models::KvCache* from);
+  models::RowAdapters groups_of(const std::vector<Row>& rows) const;
+  Tensor last_logits(const Tensor& ids, const Tensor& positions, const Tensor& mask, models::KvCache& cache,
+                     const models::RowAdapters& groups) const;  // -> [B, V]
+
+  const models::Decoder& decoder_;
+  int64_t max_batch_, cache_chunk_;
+  std::unique_ptr<models::KvCache> cache_;
+  std::vector<Sequence*> rows_;
+  std::vector<std::string> row_adapter_;
+  models::RowAdapters groups_;
+  GenerationStats stats_;
+};
+
+}  // namespace lmtune::infer
