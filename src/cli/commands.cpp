@@ -10,6 +10,7 @@ void add_commands(CLI::App& app, const std::string& device) {
   add_tokenize_command(app);
   add_bench_command(app, device);
   add_init_command(app, device);
+  add_train_command(app, device);
 }
 
 }  // namespace lmtune::cli

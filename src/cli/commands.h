@@ -23,5 +23,7 @@ struct ModelInfoOptions {
 void print_model_info(const std::string& model_dir, const ModelInfoOptions& options);
 // `lmtune init --arch A --config preset.yaml [--tokenizer DIR] --out DIR` (cli/cmd_init.cpp).
 void add_init_command(CLI::App& app, const std::string& device);
+// `lmtune train RECIPE [key=value ...] [--dry-run]` (cli/cmd_train.cpp).
+void add_train_command(CLI::App& app, const std::string& device);
 
 }  // namespace lmtune::cli

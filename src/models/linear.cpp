@@ -5,15 +5,43 @@
 
 #include "core/autodiff.h"
 #include "core/ops.h"
+#include "core/random.h"
 
 namespace lmtune::models {
+
+namespace {
+
+struct DropoutState {
+  bool active = false;
+  uint64_t seed = 0, step = 0, micro = 0;
+};
+thread_local DropoutState g_dropout;
+
+// The dropout mask for x's shape: 0 or 1 / (1 - p), from a counter-based hash so it depends only on the key.
+Tensor dropout_mask(const Tensor& x, float p, uint64_t key) {
+  Rng rng(g_dropout.seed * 0x9e3779b97f4a7c15ull ^ (g_dropout.step + 1) * 0xbf58476d1ce4e5b9ull ^
+          (g_dropout.micro + 1) * 0x94d049bb133111ebull ^ (key + 1) * 0xd6e8feb86659fd93ull);
+  const float keep = 1.0f / (1.0f - p);
+  const uint64_t threshold = uint64_t(double(p) * 18446744073709551616.0);
+  std::vector<float> m(size_t(x.numel()));
+  for (float& v : m) v = rng.next_u64() < threshold ? 0.0f : keep;
+  return Tensor::from_floats(m, x.shape(), x.dtype(), x.device());
+}
+
+}  // namespace
+
+LoraDropoutScope::LoraDropoutScope(uint64_t seed, uint64_t step, uint64_t micro) {
+  g_dropout = {true, seed, step, micro};
+}
+LoraDropoutScope::~LoraDropoutScope() { g_dropout.active = false; }
 
 Tensor Linear::operator()(const Tensor& x) const {
   // matmul takes mixed operand dtypes (f32 accumulation) and writes x's dtype, so no weight copies are made.
   Tensor y = ops::linear(x, weight, bias);
   for (const LoraAdapter& a : adapters) {
     // (x Aᵀ) Bᵀ costs R·(in + out) per token instead of materialising B A.
-    Tensor low = ops::linear(x, a.A);
+    Tensor in = g_dropout.active && a.dropout > 0 ? ops::mul(x, dropout_mask(x, a.dropout, a.dropout_key)) : x;
+    Tensor low = ops::linear(in, a.A);
     Tensor up = ops::linear(low, a.B);
     y = ops::add(y, a.scale == 1.0f ? up : ops::scale(up, a.scale));
   }

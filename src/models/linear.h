@@ -2,6 +2,7 @@
 // adapters, y = x Wᵀ + b + Σ scale · (x Aᵀ) Bᵀ. Every projection of the decoder (q/k/v/o, gate/up/down) is one.
 // The base weight never requires grad; adapters' A and B do when they are being trained.
 #pragma once
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -14,7 +15,19 @@ struct LoraAdapter {
   Tensor A;           // [R, in]
   Tensor B;           // [out, R]; zero at initialisation so an untrained adapter changes nothing
   float scale = 1.0f; // alpha / R (or alpha / sqrt(R) for rsLoRA); the caller decides
-  float dropout = 0;  // reserved: dropout on the adapter input while training (not applied yet)
+  float dropout = 0;  // dropout on the adapter input (x before A, as PEFT) while a LoraDropoutScope is active
+  uint64_t dropout_key = 0;  // distinguishes this adapter's dropout masks (the trainer sets its module index)
+};
+
+// Training-time LoRA dropout. While a scope is alive on this thread, adapters with dropout > 0 multiply their
+// input by a Bernoulli(1 - p) / (1 - p) mask drawn from (seed, step, micro, adapter.dropout_key): a pure
+// function of those numbers, so a checkpointed layer recomputed in backward draws the same mask. Outside a scope
+// (evaluation, generation) dropout is off.
+struct LoraDropoutScope {
+  LoraDropoutScope(uint64_t seed, uint64_t step, uint64_t micro);
+  ~LoraDropoutScope();
+  LoraDropoutScope(const LoraDropoutScope&) = delete;
+  LoraDropoutScope& operator=(const LoraDropoutScope&) = delete;
 };
 
 class Linear {

@@ -1,0 +1,71 @@
+// `lmtune train --dry-run`: everything train() checks before its first step, and what the run would use.
+#include <cstdio>
+#include <filesystem>
+
+#include "core/error.h"
+#include "io/hf_config.h"
+#include "models/memory.h"
+#include "tokenizer/tokenizer.h"
+#include "train/model_setup.h"
+#include "train/train_data.h"
+#include "train/trainer.h"
+
+namespace lmtune {
+namespace fs = std::filesystem;
+
+namespace {
+
+std::string mib(uint64_t b) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.1f MiB", double(b) / double(1 << 20));
+  return buf;
+}
+
+void print_stats(const char* name, const Dataset& d, int seq_len, bool packing, uint64_t seed) {
+  const DatasetStats& s = d.stats;
+  std::printf("%s data (%s)\n", name, s.format.c_str());
+  std::printf("  samples           %lld (of %lld lines)\n", (long long)s.samples, (long long)s.lines);
+  std::printf("  tokens            %lld, trainable %lld\n", (long long)s.tokens, (long long)s.trainable_tokens);
+  std::printf("  truncated         %lld, dropped (over-long) %lld, rejected (nothing trainable) %lld\n",
+              (long long)s.truncated, (long long)s.dropped_overlong, (long long)s.rejected_untrainable);
+  std::printf("  sequences/epoch   %lld (%s, %d tokens each)\n", (long long)sequences_per_epoch(d, seq_len, packing, seed),
+              packing ? "packed" : "one sample per row", seq_len);
+}
+
+}  // namespace
+
+void dry_run(const Recipe& r, const TrainOptions& options) {
+  const Device device = training_device(r, options.device);
+  if (!fs::exists(fs::path(r.model) / "model.safetensors") && !fs::exists(fs::path(r.model) / "model.safetensors.index.json"))
+    throw FileError(r.model + ": missing model.safetensors (or model.safetensors.index.json)");
+  ModelConfig config = load_model_config(r.model);
+  Tokenizer tokenizer = Tokenizer::load(r.model);
+  TrainData data = load_train_data(r, tokenizer);
+
+  std::printf("# resolved recipe (%s)\n%s\n", r.source.string().c_str(), r.resolved_yaml.c_str());
+  std::printf("device            %s\n", device.str().c_str());
+  print_stats("training", data.train, r.data.max_seq_len, r.data.packing, r.train.seed);
+  if (data.has_valid()) print_stats("validation", data.valid, r.data.max_seq_len, r.data.packing, r.train.seed);
+  const int64_t seqs = sequences_per_epoch(data.train, r.data.max_seq_len, r.data.packing, r.train.seed);
+  const int64_t per_step = int64_t(r.train.batch_size) * r.train.grad_accum;
+  std::printf("steps/epoch       %lld (%lld sequences per step); %d steps = %.2f epochs\n",
+              (long long)((seqs + per_step - 1) / per_step), (long long)per_step, r.train.steps,
+              double(r.train.steps) * double(per_step) / double(seqs));
+
+  models::TrainingMemoryOptions mo;
+  mo.batch = r.train.batch_size;
+  mo.seq = r.data.max_seq_len;
+  mo.rank = r.finetune == "full" ? 0 : r.lora.rank;
+  mo.compute_dtype = compute_dtype(r);
+  mo.weight_dtype = r.finetune == "full" ? DType::f32 : mo.compute_dtype;
+  models::TrainingMemoryEstimate e = models::estimate_training_memory(config, mo);
+  std::printf("memory estimate (LoRA rank %lld on all projections, batch %lld x %lld)\n", (long long)mo.rank,
+              (long long)mo.batch, (long long)mo.seq);
+  std::printf("  weights %s, adapters+grads+AdamW %s, activations %s (%s with gradient checkpointing)\n",
+              mib(e.weights).c_str(), mib(e.lora_params + e.lora_grads + e.optimizer).c_str(),
+              mib(e.activations).c_str(), mib(e.activations_checkpointed).c_str());
+  std::printf("  total             %s%s\n", mib(e.total(r.train.grad_checkpointing)).c_str(),
+              r.finetune == "full" ? " (full fine-tuning adds 16 bytes per parameter: grads and AdamW moments)" : "");
+}
+
+}  // namespace lmtune

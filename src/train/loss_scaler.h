@@ -1,0 +1,40 @@
+// Dynamic loss scaling for fp16 training (as torch.cuda.amp.GradScaler): the loss is multiplied by `scale`
+// before backward so small fp16 activation gradients do not flush to zero; the optimizer divides it back out
+// (kGradScale). A step whose gradients overflow (Inf/NaN) is skipped and the scale halved; after
+// `growth_interval` good steps in a row the scale doubles. Disabled (scale 1) for fp32 and bf16.
+#pragma once
+#include <algorithm>
+#include <cstdint>
+
+namespace lmtune {
+
+struct LossScaler {
+  bool enabled = false;
+  double scale = 1.0;
+  int64_t good_steps = 0;          // consecutive finite steps since the last change
+  int64_t growth_interval = 2000;
+  double min_scale = 1.0;          // backing off below this is pointless; such overflows count as bad steps
+
+  static LossScaler for_precision(bool fp16) {
+    LossScaler s;
+    s.enabled = fp16;
+    s.scale = fp16 ? 65536.0 : 1.0;
+    return s;
+  }
+  // Records the outcome of a step; returns true when the step may be applied.
+  bool update(bool overflow) {
+    if (!enabled) return !overflow;
+    if (overflow) {
+      scale = std::max(min_scale, scale * 0.5);
+      good_steps = 0;
+      return false;
+    }
+    if (++good_steps >= growth_interval) {
+      scale *= 2.0;
+      good_steps = 0;
+    }
+    return true;
+  }
+};
+
+}  // namespace lmtune

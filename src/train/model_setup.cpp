@@ -1,0 +1,104 @@
+// Model loading and trainable tensors for a recipe (see model_setup.h).
+#include "train/model_setup.h"
+
+#include <spdlog/spdlog.h>
+
+#include <cmath>
+#include <filesystem>
+
+#include "core/error.h"
+#include "io/hf_config.h"
+#include "io/peft_adapter.h"
+#include "models/adapters.h"
+#include "models/weights.h"
+
+namespace lmtune {
+
+int64_t TrainableModel::trainable_count() const {
+  int64_t n = 0;
+  for (const NamedParam& p : params) n += p.tensor.numel();
+  return n;
+}
+
+Device training_device(const Recipe& recipe, const std::string& override_spec) {
+  const std::string& spec = override_spec.empty() ? recipe.device : override_spec;
+  return spec == "auto" ? choose_device() : parse_device(spec);
+}
+
+DType compute_dtype(const Recipe& recipe) {
+  if (recipe.precision == "fp16") return DType::f16;
+  if (recipe.precision == "bf16") return DType::bf16;
+  return DType::f32;
+}
+
+double lora_scale(int rank, double alpha, bool rslora) {
+  return rslora ? alpha / std::sqrt(double(rank)) : alpha / double(rank);
+}
+
+namespace {
+
+// The checkpoint's own dtype from config.json (f32 when unknown).
+DType stored_dtype(const ModelConfig& config) {
+  if (config.torch_dtype == "bfloat16") return DType::bf16;
+  if (config.torch_dtype == "float16") return DType::f16;
+  return DType::f32;
+}
+
+}  // namespace
+
+TrainableModel build_trainable_model(const Recipe& r, Device device) {
+  namespace fs = std::filesystem;
+  if (!fs::is_directory(r.model)) throw FileError(r.model + ": model directory not found (recipe key 'model')");
+  if (!fs::exists(fs::path(r.model) / "config.json")) throw FileError(r.model + ": no config.json in the model directory");
+  const DType compute = compute_dtype(r);
+  TrainableModel tm;
+  if (r.finetune == "full") {
+    tm.weight_dtype = DType::f32;  // the trained weights are their own f32 master copies
+  } else {
+    // Frozen weights: the compute dtype, but never wider than the checkpoint stores them.
+    DType stored = stored_dtype(load_model_config(r.model));
+    tm.weight_dtype = compute == DType::f32 ? stored : compute;
+  }
+  tm.decoder = std::make_unique<models::Decoder>(models::load_decoder(r.model, tm.weight_dtype, compute, device));
+  models::DecoderWeights& w = tm.decoder->weights();
+
+  if (r.finetune == "full") {
+    for (const models::ParamRef& p : models::parameter_map(tm.decoder->config(), w)) {
+      p.slot->set_requires_grad(true);
+      tm.params.push_back({p.name, *p.slot});
+    }
+    return tm;
+  }
+
+  if (!r.lora.init_from.empty()) {
+    PeftAdapter peft = load_peft_adapter(r.lora.init_from);
+    models::attach_peft(w, peft, "default", 1.0f, /*trainable=*/true);
+    tm.lora_rank = peft.rank;
+    tm.lora_alpha = peft.alpha;
+    tm.lora_rslora = peft.rslora;
+    if (peft.rank != r.lora.rank || peft.alpha != r.lora.alpha)
+      spdlog::warn("lora.init_from {}: using its rank {} and alpha {} (the recipe says {} and {})", r.lora.init_from,
+                   peft.rank, peft.alpha, r.lora.rank, r.lora.alpha);
+  } else {
+    tm.lora_rank = r.lora.rank;
+    tm.lora_alpha = r.lora.alpha;
+    tm.lora_rslora = r.lora.rslora;
+    models::add_lora(w, r.lora.targets, r.lora.rank, float(lora_scale(r.lora.rank, r.lora.alpha, r.lora.rslora)),
+                     r.train.seed);
+  }
+  uint64_t key = 0;
+  for (const models::NamedLinear& nl : models::named_linears(w)) {
+    ++key;
+    for (models::LoraAdapter& a : nl.linear->adapters) {
+      if (a.name != "default") continue;
+      a.dropout = float(r.lora.dropout);
+      a.dropout_key = key;
+      tm.params.push_back({nl.module + ".lora_A", a.A});
+      tm.params.push_back({nl.module + ".lora_B", a.B});
+    }
+  }
+  if (tm.params.empty()) throw ConfigError("lora: no module of the model matches lora.targets");
+  return tm;
+}
+
+}  // namespace lmtune

@@ -1,0 +1,100 @@
+// Training step and evaluation (see train_step.h).
+#include "train/train_step.h"
+
+#include <cmath>
+
+#include "core/autodiff.h"
+#include "core/error.h"
+#include "core/ops.h"
+#include "models/linear.h"
+
+namespace lmtune {
+
+Tensor batch_loss_sum(const models::Decoder& model, const Batch& b, bool checkpoint_layers) {
+  const Device d = model.device();
+  const Shape shape{b.B, b.T};
+  Tensor ids = Tensor::from_ints(b.ids, shape, d);
+  Tensor positions = Tensor::from_ints(b.positions, shape, d);
+  Tensor targets = Tensor::from_ints(b.targets, {int64_t(b.B) * b.T}, d);
+  models::ForwardOptions fo;
+  fo.doc_ids = Tensor::from_ints(b.doc_ids, shape, d);  // packed documents (and padding) attend only to themselves
+  fo.checkpoint_layers = checkpoint_layers;
+  Tensor logits = model.forward(ids, positions, fo);
+  Tensor per_token = ops::cross_entropy(ops::reshape(logits, {int64_t(b.B) * b.T, logits.dim(-1)}), targets, -100);
+  return ops::sum_all(per_token);
+}
+
+StepResult train_step(const models::Decoder& model, Optimizer& opt, LossScaler& scaler,
+                      const std::vector<Batch>& micro, const StepOptions& o) {
+  StepResult r;
+  for (const Batch& b : micro) {
+    r.trainable_tokens += b.trainable_tokens;
+    r.tokens += int64_t(b.B) * b.T;
+  }
+  if (r.trainable_tokens == 0) throw ConfigError("training step " + std::to_string(o.step + 1) + ": no trainable token");
+  opt.zero_grad();
+  // Token weighting: each micro-batch contributes its summed token losses / the step's trainable tokens, so the
+  // step's loss and gradient are those of one big batch, however the tokens fall into micro-batches.
+  const double loss_scale = scaler.enabled ? scaler.scale : 1.0;
+  const float weight = float(loss_scale / double(r.trainable_tokens));
+  double loss_sum = 0;
+  for (size_t i = 0; i < micro.size(); ++i) {
+    if (micro[i].trainable_tokens == 0) continue;
+    std::unique_ptr<models::LoraDropoutScope> dropout;
+    if (o.dropout) dropout = std::make_unique<models::LoraDropoutScope>(o.seed, uint64_t(o.step), uint64_t(i));
+    Tensor sum = batch_loss_sum(model, micro[i], o.checkpoint_layers);
+    const double value = sum.item();
+    if (!std::isfinite(value)) {
+      r.loss = value;
+      r.skip_reason = "loss is " + std::string(std::isnan(value) ? "NaN" : "Inf") + " in micro-batch " +
+                      std::to_string(i + 1) + " of " + std::to_string(micro.size());
+      opt.zero_grad();
+      return r;  // the graph is released with `sum`
+    }
+    loss_sum += value;
+    backward(ops::scale(sum, weight));
+  }
+  r.loss = loss_sum / double(r.trainable_tokens);
+  r.grad_norm = opt.grad_norm(loss_scale);
+  const bool finite = std::isfinite(r.grad_norm);
+  if (!finite && scaler.enabled && scaler.scale > scaler.min_scale) {
+    r.overflow = true;
+    scaler.update(true);
+    r.skip_reason = "fp16 gradient overflow; loss scale backed off to " + std::to_string(scaler.scale);
+    opt.zero_grad();
+    return r;
+  }
+  if (!finite) {
+    r.skip_reason = "gradient norm is " + std::string(std::isnan(r.grad_norm) ? "NaN" : "Inf");
+    opt.zero_grad();
+    return r;
+  }
+  scaler.update(false);
+  // torch.nn.utils.clip_grad_norm_: multiply by max_norm / (norm + 1e-6) when that is below 1.
+  double clip = 1.0;
+  if (o.grad_clip > 0) clip = std::min(1.0, o.grad_clip / (r.grad_norm + 1e-6));
+  opt.step(o.lr, clip / loss_scale);
+  opt.zero_grad();
+  r.applied = true;
+  return r;
+}
+
+EvalResult evaluate(const models::Decoder& model, const Dataset& data, int batch_size, int seq_len, bool packing,
+                    int max_batches) {
+  NoGrad no_grad;
+  EvalResult r;
+  Batcher batcher(data, batch_size, seq_len, packing, 0, /*shuffle=*/false);
+  double sum = 0;
+  while (!batcher.epoch_finished() && (max_batches <= 0 || r.batches < max_batches)) {
+    Batch b = batcher.next();
+    if (b.B == 0) break;
+    ++r.batches;
+    if (b.trainable_tokens == 0) continue;
+    sum += batch_loss_sum(model, b, false).item();
+    r.trainable_tokens += b.trainable_tokens;
+  }
+  r.loss = r.trainable_tokens > 0 ? sum / double(r.trainable_tokens) : std::nan("");
+  return r;
+}
+
+}  // namespace lmtune

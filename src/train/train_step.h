@@ -1,0 +1,55 @@
+// One optimizer step and one evaluation pass, independent of files and logging so tests can drive them:
+// token-weighted gradient accumulation over micro-batches, fp16 loss scaling, NaN/Inf detection, global-norm
+// clipping (f32) and the fused AdamW/SGD update. docs/training.md describes the sequence.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "data/batcher.h"
+#include "models/decoder.h"
+#include "train/loss_scaler.h"
+#include "train/optimizer.h"
+
+namespace lmtune {
+
+// Σ over the batch's trainable targets of the token cross-entropy (f32 scalar, recorded for backward when
+// gradients are on). `dropout_step`/`micro` feed the LoRA dropout scope the caller may have opened.
+Tensor batch_loss_sum(const models::Decoder& model, const Batch& batch, bool checkpoint_layers);
+
+struct StepOptions {
+  double lr = 0;
+  double grad_clip = 0;          // 0: no clipping
+  bool checkpoint_layers = false;
+  uint64_t seed = 0;             // LoRA dropout masks derive from (seed, step, micro-batch)
+  int64_t step = 0;              // 0-based optimizer step
+  bool dropout = true;           // open a LoRA dropout scope (adapters with dropout 0 are unaffected)
+};
+
+struct StepResult {
+  double loss = 0;               // Σ token losses / trainable tokens of the step (NaN when not finite)
+  double grad_norm = 0;          // before clipping, unscaled
+  int64_t trainable_tokens = 0;
+  int64_t tokens = 0;            // B·T slots fed to the model, padding included
+  bool applied = false;          // the optimizer update happened
+  bool overflow = false;         // fp16: gradients overflowed; the scale was backed off
+  std::string skip_reason;       // why the step was skipped (empty when applied)
+};
+
+// Accumulates the gradients of all micro-batches (each loss scaled by loss_scale / total trainable tokens),
+// checks them, clips, and updates. Gradients are zeroed before returning. The micro-batches must hold at least
+// one trainable target in total.
+StepResult train_step(const models::Decoder& model, Optimizer& optimizer, LossScaler& scaler,
+                      const std::vector<Batch>& micro_batches, const StepOptions& options);
+
+struct EvalResult {
+  double loss = 0;               // token-weighted mean
+  int64_t trainable_tokens = 0;
+  int64_t batches = 0;
+};
+
+// No-grad validation loss over a file-order pass of `data` (max_batches > 0 stops early).
+EvalResult evaluate(const models::Decoder& model, const Dataset& data, int batch_size, int seq_len, bool packing,
+                    int max_batches);
+
+}  // namespace lmtune

@@ -1,0 +1,265 @@
+// The training run (see trainer.h and docs/training.md).
+#include "train/trainer.h"
+
+#include <spdlog/spdlog.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+
+#include "core/backend.h"
+#include "core/error.h"
+#include "io/hf_config.h"
+#include "io/peft_adapter.h"
+#include "models/adapters.h"
+#include "models/memory.h"
+#include "models/weights.h"
+#include "tokenizer/tokenizer.h"
+#include "train/checkpoint.h"
+#include "train/metrics.h"
+#include "train/model_setup.h"
+#include "train/schedule.h"
+#include "train/train_data.h"
+#include "train/train_step.h"
+
+namespace lmtune {
+namespace fs = std::filesystem;
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+std::string mib(size_t bytes) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.1f MiB", double(bytes) / double(1 << 20));
+  return buf;
+}
+
+std::string hms(double s) {
+  if (!std::isfinite(s) || s < 0) return "?";
+  long t = long(s + 0.5);
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%ld:%02ld:%02ld", t / 3600, t / 60 % 60, t % 60);
+  return buf;
+}
+
+// Model files must be there before anything is written.
+void check_model_files(const Recipe& r) {
+  const fs::path dir = r.model;
+  if (!fs::is_directory(dir)) throw FileError(r.model + ": model directory not found (recipe key 'model')");
+  if (!fs::exists(dir / "config.json")) throw FileError(r.model + ": missing config.json");
+  if (!fs::exists(dir / "model.safetensors") && !fs::exists(dir / "model.safetensors.index.json"))
+    throw FileError(r.model + ": missing model.safetensors (or model.safetensors.index.json)");
+  if (!fs::exists(dir / "tokenizer.json")) throw FileError(r.model + ": missing tokenizer.json");
+}
+
+// Settings a resumed run must share with the checkpoint's recipe to continue the same run.
+void check_resume_compatible(const Recipe& now, const std::string& saved_yaml, const fs::path& file) {
+  Recipe was = parse_recipe(saved_yaml, file.string() + " (recipe)");
+  auto join = [](const std::vector<std::string>& v) {
+    std::string s;
+    for (const auto& x : v) s += (s.empty() ? "" : ",") + x;
+    return s;
+  };
+  struct Key {
+    const char* name;
+    std::string a, b;
+  };
+  const Key keys[] = {
+      {"model", was.model, now.model},
+      {"finetune", was.finetune, now.finetune},
+      {"precision", was.precision, now.precision},
+      {"data.train", was.data.train, now.data.train},
+      {"data.max_seq_len", std::to_string(was.data.max_seq_len), std::to_string(now.data.max_seq_len)},
+      {"data.packing", std::to_string(was.data.packing), std::to_string(now.data.packing)},
+      {"lora.rank", std::to_string(was.lora.rank), std::to_string(now.lora.rank)},
+      {"lora.alpha", std::to_string(was.lora.alpha), std::to_string(now.lora.alpha)},
+      {"lora.rslora", std::to_string(was.lora.rslora), std::to_string(now.lora.rslora)},
+      {"lora.targets", join(was.lora.targets), join(now.lora.targets)},
+      {"lora.init_from", was.lora.init_from, now.lora.init_from},
+      {"optimizer.name", was.optimizer.name, now.optimizer.name},
+      {"train.batch_size", std::to_string(was.train.batch_size), std::to_string(now.train.batch_size)},
+      {"train.grad_accum", std::to_string(was.train.grad_accum), std::to_string(now.train.grad_accum)},
+      {"train.seed", std::to_string(was.train.seed), std::to_string(now.train.seed)},
+  };
+  for (const Key& k : keys)
+    if (k.a != k.b)
+      throw ConfigError("resume: " + std::string(k.name) + " is '" + k.b + "' but the checkpoint " + file.string() +
+                        " was trained with '" + k.a + "' (use another save.dir, or resume=false with --overwrite)");
+  if (was.train.steps != now.train.steps)
+    spdlog::warn("resume: train.steps changed from {} to {}; the learning-rate schedule changes with it",
+                 was.train.steps, now.train.steps);
+}
+
+// Publishes what a save produces besides the checkpoint: the PEFT adapter (LoRA) or the model (full).
+fs::path write_output(const Recipe& r, TrainableModel& tm) {
+  const fs::path save = r.save.dir;
+  if (r.finetune == "full") {
+    const fs::path out = save / "model";
+    models::save_weights(tm.decoder->config(), tm.decoder->weights(), out, DType::f32);
+    for (const auto& e : fs::directory_iterator(r.model)) {
+      const std::string n = e.path().filename().string();
+      if (e.is_regular_file() && n.find(".safetensors") == std::string::npos)
+        fs::copy_file(e.path(), out / n, fs::copy_options::overwrite_existing);
+    }
+    return out;
+  }
+  const fs::path out = save / "adapter";
+  PeftAdapter p = models::extract_peft(tm.decoder->weights(), "default", tm.lora_rank, tm.lora_alpha, tm.lora_rslora,
+                                       r.lora.dropout, fs::absolute(r.model).lexically_normal().string());
+  save_peft_adapter(p, out);
+  return out;
+}
+
+}  // namespace
+
+TrainSummary train(const Recipe& r, const TrainOptions& options) {
+  const Device device = training_device(r, options.device);
+  check_model_files(r);
+  const fs::path save_dir = r.save.dir;
+
+  // Resume or a fresh start; never silently mix runs.
+  std::optional<fs::path> resume_from = latest_checkpoint(save_dir);
+  if (resume_from && !r.resume && !options.overwrite)
+    throw ConfigError("save.dir " + save_dir.string() + " already holds checkpoints (" + resume_from->filename().string() +
+                      "): set resume=true to continue that run, or pass --overwrite to start again");
+  if (!r.resume) resume_from.reset();
+  CheckpointMeta meta;
+  if (resume_from) {
+    meta = read_checkpoint_meta(*resume_from);
+    check_resume_compatible(r, meta.recipe_yaml, *resume_from);
+  } else if (r.resume) {
+    spdlog::info("resume: no checkpoint in {}, starting from step 0", checkpoint_dir(save_dir).string());
+  }
+
+  Tokenizer tokenizer = Tokenizer::load(r.model);
+  TrainData data = load_train_data(r, tokenizer);
+  if (resume_from && meta.dataset_hash != data.hash)
+    throw ConfigError("resume: the training data differs from the data " + resume_from->string() +
+                      " was trained on (dataset hash " + data.hash + " vs " + meta.dataset_hash +
+                      "); resuming needs the same files, tokenizer and data settings");
+  spdlog::info("data: {} training samples ({} tokens, {} trainable), {} validation samples", data.train.stats.samples,
+               data.train.stats.tokens, data.train.stats.trainable_tokens, data.valid.samples.size());
+
+  TrainableModel tm = build_trainable_model(r, device);
+  const ModelConfig& config = tm.decoder->config();
+  spdlog::info("model: {} ({} layers, hidden {}, vocab {}) on {}, weights {}, compute {}; {} trainable parameters",
+               config.model_type, config.num_hidden_layers, config.hidden_size, config.vocab_size, device.str(),
+               dtype_name(tm.weight_dtype), r.precision, tm.trainable_count());
+  Optimizer optimizer(tm.params, r.optimizer);
+
+  TrainProgress pr;
+  pr.seed = r.train.seed;
+  pr.scaler = LossScaler::for_precision(r.precision == "fp16");
+  if (resume_from) {
+    TrainProgress loaded = load_checkpoint(*resume_from, optimizer);
+    loaded.scaler.enabled = pr.scaler.enabled;
+    pr = loaded;
+    spdlog::info("resumed from {} at step {}", resume_from->string(), pr.step);
+  }
+  Batcher batcher(data.train, r.train.batch_size, r.data.max_seq_len, r.data.packing, r.train.seed);
+  batcher.set_cursor(pr.cursor);
+  MetricsLog metrics(save_dir, resume_from ? pr.step : -1);
+  const CheckpointMeta out_meta{r.resolved_yaml, data.hash};
+
+  Backend& be = backend(device);
+  TrainSummary sum;
+  sum.base_valid_loss = sum.final_valid_loss = std::nan("");
+  auto validate = [&](int64_t step) {
+    auto t0 = Clock::now();
+    EvalResult e = evaluate(*tm.decoder, data.valid, r.train.batch_size, r.data.max_seq_len, r.data.packing,
+                            r.eval.batches);
+    metrics.log("valid", step, {{"loss", e.loss}, {"tokens", double(e.trainable_tokens)}});
+    spdlog::info("valid step {}/{} | loss {:.4f} | {} tokens in {} batches | {:.1f} s", step, r.train.steps, e.loss,
+                 e.trainable_tokens, e.batches, seconds_since(t0));
+    return e.loss;
+  };
+  if (pr.step == 0 && data.has_valid() && r.eval.every > 0) sum.base_valid_loss = validate(0);
+
+  const auto session_start = Clock::now();
+  auto last_line = Clock::time_point{};
+  int64_t session_tokens = 0;
+  for (int64_t s = pr.step; s < r.train.steps; ++s) {
+    test_crash_point("step-start", s + 1);
+    const Batcher::Cursor step_cursor = batcher.cursor();
+    std::vector<Batch> micro;
+    for (int i = 0; i < r.train.grad_accum; ++i) micro.push_back(batcher.next());
+    StepOptions so;
+    so.lr = learning_rate(r.schedule, r.optimizer.lr, int(s), r.train.steps);
+    so.grad_clip = r.train.grad_clip;
+    so.checkpoint_layers = r.train.grad_checkpointing;
+    so.seed = r.train.seed;
+    so.step = s;
+    be.reset_peak();
+    const auto t0 = Clock::now();
+    StepResult res = train_step(*tm.decoder, optimizer, pr.scaler, micro, so);
+    const double dt = seconds_since(t0);
+    const size_t peak = be.peak_bytes();
+    sum.peak_bytes = std::max(sum.peak_bytes, peak);
+
+    pr.step = s + 1;
+    pr.cursor = batcher.cursor();
+    pr.tokens_seen += res.tokens;
+    session_tokens += res.tokens;
+    if (res.applied) {
+      pr.consecutive_skips = 0;
+    } else {
+      ++pr.skipped_steps;
+      if (!res.overflow) ++pr.consecutive_skips;
+      spdlog::warn("step {}/{} skipped: {} (data epoch {}, samples {}..{} of the epoch's order)", pr.step,
+                   r.train.steps, res.skip_reason, step_cursor.epoch, step_cursor.index, pr.cursor.index - 1);
+      if (pr.consecutive_skips >= r.train.max_skipped_steps)
+        throw Error("training stopped at step " + std::to_string(pr.step) + " after " +
+                    std::to_string(pr.consecutive_skips) + " consecutive skipped steps (train.max_skipped_steps): " +
+                    res.skip_reason + "; last batch: data epoch " + std::to_string(step_cursor.epoch) + ", samples " +
+                    std::to_string(step_cursor.index) + ".." + std::to_string(pr.cursor.index - 1) +
+                    " of the epoch's order. Lower optimizer.lr, check the data, or use precision=bf16/fp32");
+    }
+    const double tps = double(res.tokens) / std::max(dt, 1e-9);
+    metrics.log("train", pr.step,
+                {{"loss", res.loss}, {"lr", so.lr}, {"grad_norm", res.grad_norm}, {"tokens_per_s", tps},
+                 {"peak_mib", double(peak) / double(1 << 20)}, {"loss_scale", pr.scaler.scale},
+                 {"trainable_tokens", double(res.trainable_tokens)}, {"skipped", res.applied ? 0.0 : 1.0}});
+    sum.final_train_loss = res.loss;
+
+    const double session_s = seconds_since(session_start);
+    const bool last = pr.step == r.train.steps;
+    const bool due = options.log_every > 0 ? pr.step % options.log_every == 0
+                                           : seconds_since(last_line) >= 2.0 || r.train.steps <= 200;
+    sum.steps_this_session += 1;
+    if (due || last || s == 0) {
+      last_line = Clock::now();
+      const double avg = session_s / double(sum.steps_this_session);
+      spdlog::info("step {}/{} | loss {:.4f} | lr {:.2e} | grad {:.3f} | {:.0f} tok/s | peak {} | eta {}{}", pr.step,
+                   r.train.steps, res.loss, so.lr, res.grad_norm, double(session_tokens) / std::max(session_s, 1e-9),
+                   mib(peak), hms(avg * double(r.train.steps - pr.step)),
+                   pr.scaler.enabled ? " | scale " + std::to_string(int64_t(pr.scaler.scale)) : std::string());
+    }
+
+    if (data.has_valid() && r.eval.every > 0 && (pr.step % r.eval.every == 0 || last))
+      sum.final_valid_loss = validate(pr.step);
+    if ((r.save.every > 0 && pr.step % r.save.every == 0) || last) {
+      TrainProgress snapshot = pr;
+      snapshot.elapsed_s = pr.elapsed_s + seconds_since(session_start);
+      fs::path file = save_checkpoint(save_dir, snapshot, optimizer, out_meta);
+      sum.output = write_output(r, tm);
+      spdlog::info("saved {} and {}", file.string(), sum.output.string());
+      test_crash_point("checkpoint-done", pr.step);
+    }
+  }
+  sum.steps = pr.step;
+  sum.seconds = seconds_since(session_start);
+  sum.tokens_per_s = double(session_tokens) / std::max(sum.seconds, 1e-9);
+  sum.skipped_steps = pr.skipped_steps;
+  if (sum.output.empty()) sum.output = save_dir / (r.finetune == "full" ? "model" : "adapter");
+  spdlog::info("done: {} steps ({} this session) in {}, {:.0f} tok/s, final train loss {:.4f}, valid loss {}, "
+               "peak memory {}, {} skipped step(s); {} in {}",
+               sum.steps, sum.steps_this_session, hms(sum.seconds), sum.tokens_per_s, sum.final_train_loss,
+               std::isnan(sum.final_valid_loss) ? std::string("-") : fmt::format("{:.4f}", sum.final_valid_loss),
+               mib(sum.peak_bytes), sum.skipped_steps, r.finetune == "full" ? "model" : "adapter", sum.output.string());
+  return sum;
+}
+
+}  // namespace lmtune
