@@ -11,6 +11,10 @@ void add_commands(CLI::App& app, const std::string& device) {
   add_bench_command(app, device);
   add_init_command(app, device);
   add_train_command(app, device);
+  add_generate_command(app, device);
+  add_chat_command(app, device);
+  add_eval_command(app, device);
+  add_export_command(app, device);
 }
 
 }  // namespace lmtune::cli

@@ -25,5 +25,10 @@ void print_model_info(const std::string& model_dir, const ModelInfoOptions& opti
 void add_init_command(CLI::App& app, const std::string& device);
 // `lmtune train RECIPE [key=value ...] [--dry-run]` (cli/cmd_train.cpp).
 void add_train_command(CLI::App& app, const std::string& device);
+// Inference (cli/cmd_{generate,chat,eval,export}.cpp; the work is in src/infer/).
+void add_generate_command(CLI::App& app, const std::string& device);
+void add_chat_command(CLI::App& app, const std::string& device);
+void add_eval_command(CLI::App& app, const std::string& device);
+void add_export_command(CLI::App& app, const std::string& device);
 
 }  // namespace lmtune::cli

@@ -91,6 +91,7 @@ struct AttentionOptions {
   float softcap = 0;             // > 0: scores = softcap * tanh(scores / softcap)
   Tensor doc_ids;                // optional i32 [B, T]: packed documents; no attention across documents
   int64_t q_offset = 0;          // position of the first query among the keys (KV cache decoding)
+  Tensor key_mask;               // optional i32 [B, S]: 0 marks a padding key that no query attends to
 };
 // q [B, T, H, D], k and v [B, S, KV, D] with H a multiple of KV (grouped-query attention) -> [B, T, H, D].
 Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& opt);

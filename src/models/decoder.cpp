@@ -113,6 +113,23 @@ KvCache::KvCache(const ModelConfig& config, int64_t batch, DType dtype, Device d
 void KvCache::clear() {
   for (Layer& l : layers_) l.used = 0;
   length_ = 0;
+  valid_.clear();
+  padded_ = false;
+}
+
+void KvCache::record_attend_mask(const std::vector<int32_t>& mask, int64_t tokens) {
+  if (int64_t(mask.size()) != batch_ * tokens)
+    throw ShapeError("kv cache: attend mask of " + std::to_string(mask.size()) + " entries for batch " +
+                     std::to_string(batch_) + " x " + std::to_string(tokens) + " tokens");
+  if (!padded_) {
+    bool any = false;
+    for (int32_t m : mask) any |= m == 0;
+    if (!any) return;  // no padding yet: keep the unmasked fast path
+    valid_.assign(size_t(batch_), std::vector<uint8_t>(size_t(length_), 1));
+    padded_ = true;
+  }
+  for (int64_t b = 0; b < batch_; ++b)
+    for (int64_t t = 0; t < tokens; ++t) valid_[size_t(b)].push_back(mask[size_t(b * tokens + t)] != 0);
 }
 
 size_t KvCache::bytes() const {
@@ -159,7 +176,17 @@ KvCache::View KvCache::append(int layer, const Tensor& k, const Tensor& v) {
   reserve(l, l.used + t);
   copy_into(Slice(1, l.used, l.used + t, 1).apply_to(l.k), k);
   copy_into(Slice(1, l.used, l.used + t, 1).apply_to(l.v), v);
-  View view{Slice(1, 0, l.used + t, 1).apply_to(l.k), Slice(1, 0, l.used + t, 1).apply_to(l.v), l.used};
+  View view{Slice(1, 0, l.used + t, 1).apply_to(l.k), Slice(1, 0, l.used + t, 1).apply_to(l.v), l.used, Tensor()};
+  if (padded_) {
+    // The view holds tokens [length_ - used, length_ + t) of the sequence; record_attend_mask has run for t.
+    const int64_t S = l.used + t, start = length_ - l.used;
+    std::vector<int32_t> m(size_t(batch_ * S), 1);
+    for (int64_t b = 0; b < batch_; ++b) {
+      const auto& row = valid_[size_t(b)];
+      for (int64_t j = 0; j < S && size_t(start + j) < row.size(); ++j) m[size_t(b * S + j)] = row[size_t(start + j)];
+    }
+    view.key_mask = Tensor::from_ints(m, {batch_, S}, device_);
+  }
   l.used += t;
   return view;
 }
@@ -226,6 +253,9 @@ Tensor Decoder::layer_forward(int index, const Tensor& x, const Tensor& position
     k = view.k;
     v = view.v;
     ao.q_offset = view.q_offset;
+    ao.key_mask = view.key_mask;
+  } else if (options.attend_mask.defined()) {
+    ao.key_mask = options.attend_mask;
   }
   Tensor a = ops::attention(q, k, v, ao);
   a = w.attn.o(ops::reshape(a, {B, T, H * D}));
@@ -256,6 +286,13 @@ Tensor Decoder::forward_hidden(const Tensor& ids, const Tensor& positions, const
   if (options.cache && options.cache->batch() != ids.dim(0))
     throw ShapeError("decoder: KV cache for batch " + std::to_string(options.cache->batch()) + ", ids " +
                      to_string(ids.shape()));
+  if (options.attend_mask.defined()) check_ids(options.attend_mask, "attend_mask", ids.shape());
+  if (options.cache) {
+    // Recorded even without a mask once the cache holds padding, so that its rows stay aligned.
+    std::vector<int32_t> m = options.attend_mask.defined() ? options.attend_mask.to_ints()
+                                                           : std::vector<int32_t>(size_t(ids.numel()), 1);
+    options.cache->record_attend_mask(m, ids.dim(1));
+  }
 
   Tensor x = as_dtype(ops::embedding(weights_.embed, ids), compute_dtype_);
   if (config_.embed_scale != 1.0f) x = ops::scale(x, round_to(config_.embed_scale, compute_dtype_));
@@ -264,7 +301,7 @@ Tensor Decoder::forward_hidden(const Tensor& ids, const Tensor& positions, const
   for (int i = 0; i < int(weights_.layers.size()); ++i) {
     if (checkpointing) {
       // The recomputation runs during backward, after this call returns: capture by value.
-      ForwardOptions opt{options.doc_ids, nullptr, false};
+      ForwardOptions opt{options.doc_ids, options.attend_mask, nullptr, false};
       Fn layer = [this, i, positions, opt](const std::vector<Tensor>& in) {
         return std::vector<Tensor>{layer_forward(i, in[0], positions, opt)};
       };

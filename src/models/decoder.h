@@ -70,10 +70,15 @@ class KvCache {
   struct View {
     Tensor k, v;
     int64_t q_offset = 0;
+    Tensor key_mask;  // i32 [B, S] when padding was recorded, else undefined
   };
   View append(int layer, const Tensor& k, const Tensor& v);
   // Called by the decoder once every layer has appended T tokens.
   void advance(int64_t tokens) { length_ += tokens; }
+  // Padding (batched generation of prompts of different lengths): called by the decoder before the layers with
+  // the next call's attend mask (host, [B * T], 0 = a padding token no query may attend to, now or later).
+  // Once any padding is recorded, View::key_mask marks the padding keys of each view.
+  void record_attend_mask(const std::vector<int32_t>& mask, int64_t tokens);
   // Bytes held by the buffers.
   size_t bytes() const;
 
@@ -85,6 +90,8 @@ class KvCache {
   };
   void reserve(Layer& l, int64_t tokens);
   std::vector<Layer> layers_;
+  std::vector<std::vector<uint8_t>> valid_;  // per row, per token appended: 0 = padding (only once any padding)
+  bool padded_ = false;
   int64_t batch_, kv_heads_, head_dim_, chunk_, length_ = 0;
   DType dtype_;
   Device device_;
@@ -92,6 +99,9 @@ class KvCache {
 
 struct ForwardOptions {
   Tensor doc_ids;                 // optional i32 [B, T]: packed documents never attend to each other
+  // optional i32 [B, T]: 0 marks padding tokens that no query attends to (batched prompts of different lengths).
+  // With a cache the mask is recorded there and keeps applying to later calls.
+  Tensor attend_mask;
   KvCache* cache = nullptr;       // optional: append this call's keys/values and attend to the cached ones
   bool checkpoint_layers = false; // gradient checkpointing: each layer recomputes its activations in backward
 };

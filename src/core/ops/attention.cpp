@@ -10,13 +10,14 @@
 namespace lmtune::ops {
 namespace {
 
-// The additive mask: [T, S] without documents, [B, 1, 1, T, S] with them (it broadcasts over the [B, KV, G, T, S]
-// scores). Undefined when nothing is masked.
+// The additive mask: [T, S] without documents or key masks, [B, 1, 1, T, S] with them (it broadcasts over the
+// [B, KV, G, T, S] scores). Undefined when nothing is masked.
 Tensor build_mask(const AttentionOptions& opt, int64_t B, int64_t T, int64_t S, DType dtype, Device device) {
-  bool docs = opt.doc_ids.defined();
-  if (!opt.causal && opt.window <= 0 && !docs) return Tensor();
+  bool docs = opt.doc_ids.defined(), keys = opt.key_mask.defined();
+  if (!opt.causal && opt.window <= 0 && !docs && !keys) return Tensor();
   std::vector<int32_t> doc = docs ? opt.doc_ids.to_ints() : std::vector<int32_t>();
-  int64_t nb = docs ? B : 1;
+  std::vector<int32_t> key = keys ? opt.key_mask.to_ints() : std::vector<int32_t>();
+  int64_t nb = docs || keys ? B : 1;
   const float neg_inf = -std::numeric_limits<float>::infinity();
   std::vector<float> m(size_t(nb * T * S), 0.0f);
   for (int64_t b = 0; b < nb; ++b)
@@ -27,9 +28,10 @@ Tensor build_mask(const AttentionOptions& opt, int64_t B, int64_t T, int64_t S, 
         if (opt.causal && j > qpos) visible = false;
         if (opt.window > 0 && qpos - j >= opt.window) visible = false;
         if (docs && doc[size_t(b * T + i)] != doc[size_t(b * T + j)]) visible = false;
+        if (keys && key[size_t(b * S + j)] == 0) visible = false;
         if (!visible) m[size_t((b * T + i) * S + j)] = neg_inf;
       }
-  Shape shape = docs ? Shape{B, 1, 1, T, S} : Shape{T, S};
+  Shape shape = docs || keys ? Shape{B, 1, 1, T, S} : Shape{T, S};
   return Tensor::from_floats(m, shape, dtype, device);
 }
 
@@ -53,6 +55,9 @@ Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, const Attent
     if (S != T || opt.q_offset != 0)
       throw ShapeError("attention: packed documents need S == T and q_offset 0: " + shapes());
   }
+  if (opt.key_mask.defined() && (opt.key_mask.dtype() != DType::i32 || opt.key_mask.shape() != Shape{B, S}))
+    throw ShapeError("attention: key_mask " + to_string(opt.key_mask.shape()) + " does not fit " + shapes() +
+                     " (expected i32 [B, S])");
   const int64_t G = H / KV;
   const float scale = opt.scale > 0 ? opt.scale : 1.0f / std::sqrt(float(D));
 

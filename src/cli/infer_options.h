@@ -1,0 +1,39 @@
+// Options shared by the inference commands (generate, chat, eval): the model directory, adapters, dtypes and
+// sampling flags, and loading the decoder + tokenizer they describe.
+#pragma once
+#include <string>
+#include <vector>
+
+#include "infer/adapters.h"
+#include "infer/sampler.h"
+#include "models/decoder.h"
+#include "tokenizer/tokenizer.h"
+
+namespace CLI {
+class App;
+}
+
+namespace lmtune::cli {
+
+struct ModelArgs {
+  std::string model;
+  std::vector<std::string> adapters;  // DIR[:scale]
+  std::string dtype = "auto";         // weights on the device: auto = f32 on the CPU, the checkpoint's on Vulkan
+  std::string compute_dtype = "f32";
+};
+// --model, --adapter (repeatable), --dtype, --compute-dtype.
+void add_model_options(CLI::App& cmd, ModelArgs& args);
+// The decoder on the default device with no adapters attached.
+models::Decoder load_base_model(const ModelArgs& args);
+// The tokenizer of the model directory.
+Tokenizer load_model_tokenizer(const ModelArgs& args);
+
+struct SamplingArgs {
+  infer::SamplingParams params;
+  int max_tokens = 256;
+  std::vector<std::string> stops;
+};
+// --max-tokens, --temperature, --top-k, --top-p, --min-p, --repetition-penalty, --seed, --stop (repeatable).
+void add_sampling_options(CLI::App& cmd, SamplingArgs& args);
+
+}  // namespace lmtune::cli

@@ -1,0 +1,121 @@
+// The generation engine shared by `lmtune generate`, `chat`, `eval` and (next) serving.
+//
+// A Sequence is one request: its prompt ids, sampler (parameters + random stream), stop conditions, generated ids
+// and streamed text. A Session runs a batch of sequences over one decoder and one KV cache whose rows are the
+// sequences' slots:
+//   prefill(seqs)  one forward pass over all prompts, left-padded to the longest; the padding is masked out of
+//                  attention (ForwardOptions::attend_mask, remembered by the KvCache) and positions start at 0 at
+//                  each prompt's first real token, so every sequence sees exactly what it would see alone. Only
+//                  the last position's hidden state goes through lm_head; each sequence samples its first token.
+//   step()         one decode forward of [B, 1] over the cache for all slots, then one sample per running
+//                  sequence. Greedy and top-k sampling (without a repetition penalty) read back only the arg-max
+//                  or the top-k candidates per row from the device; other samplers read back one row of logits
+//                  per sequence.
+// Finished sequences keep their slot (their row is computed and ignored) until the batch is done.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "infer/sampler.h"
+#include "infer/text_stream.h"
+#include "models/decoder.h"
+#include "tokenizer/tokenizer.h"
+
+namespace lmtune::infer {
+
+struct StopParams {
+  int max_tokens = 256;                   // generated tokens at most (the stop id is not counted)
+  std::vector<int32_t> stop_ids;          // end generation; not part of generated() or text()
+  std::vector<std::string> stop_strings;  // matched on the decoded text; the text stops before it
+};
+
+enum class FinishReason { running, length, stop_id, stop_string };
+const char* finish_reason_name(FinishReason reason);
+
+class Sequence {
+ public:
+  // `tokenizer` (may be null: no text, no stop strings) must outlive the sequence.
+  Sequence(std::vector<int32_t> prompt, const SamplingParams& sampling, StopParams stop,
+           const Tokenizer* tokenizer = nullptr);
+
+  const std::vector<int32_t>& prompt() const { return prompt_; }
+  // Sampled ids. A stop id is not included; the ids that formed a stop string are.
+  const std::vector<int32_t>& generated() const { return generated_; }
+  const std::string& text() const;  // the text emitted so far ("" without a tokenizer)
+  std::string take_text();          // the text emitted since the last call (streaming)
+  bool finished() const { return finish_ != FinishReason::running; }
+  FinishReason finish_reason() const { return finish_; }
+  const SamplingParams& sampling() const { return sampler_.params(); }
+
+ private:
+  friend class Session;
+  void accept(int32_t id);  // one sampled id: stop checks, streaming
+  void finish(FinishReason reason);
+  std::vector<int32_t> history() const;  // prompt + generated, for the repetition penalty
+
+  std::vector<int32_t> prompt_, generated_;
+  Sampler sampler_;
+  StopParams stop_;
+  std::optional<TextStream> stream_;
+  std::string unread_;
+  FinishReason finish_ = FinishReason::running;
+  int64_t position_ = 0;  // position of the next token fed to the model
+  int32_t last_ = 0;      // the token to feed next
+};
+
+struct SessionOptions {
+  int64_t cache_chunk = 256;  // KvCache growth step in tokens
+  bool use_cache = true;      // false: recompute the whole sequences at every step (the tests' reference)
+};
+
+struct GenerationStats {
+  int64_t prefill_tokens = 0;  // prompt tokens (padding not counted)
+  int64_t decode_tokens = 0;   // tokens fed by decode steps, running sequences only
+  double prefill_seconds = 0;  // prefill forward + first sample
+  double decode_seconds = 0;
+  size_t peak_bytes = 0;       // device memory peak (weights included) since the first prefill
+  double prefill_tokens_per_s() const { return prefill_seconds > 0 ? double(prefill_tokens) / prefill_seconds : 0; }
+  double decode_tokens_per_s() const { return decode_seconds > 0 ? double(decode_tokens) / decode_seconds : 0; }
+  void add(const GenerationStats& o);
+};
+
+class Session {
+ public:
+  // `decoder` must outlive the session; `max_batch` bounds the sequences of one prefill.
+  Session(const models::Decoder& decoder, int64_t max_batch, SessionOptions options = {});
+
+  // Starts a batch: places `seqs` (at most max_batch, not finished; they must outlive the batch) in slots
+  // 0..n-1 and prefills them together, sampling each one's first token. Any previous batch must be done
+  // (running() == 0); its cache is reused.
+  void prefill(const std::vector<Sequence*>& seqs);
+  // One decode step for every running sequence. Returns how many are still running.
+  int64_t step();
+  int64_t running() const;
+  const GenerationStats& stats() const { return stats_; }
+
+ private:
+  Tensor forward_last(const Tensor& ids, const Tensor& positions, const Tensor& mask);  // -> logits [B, V]
+  void sample_rows(const Tensor& logits);
+
+  const models::Decoder& decoder_;
+  int64_t max_batch_;
+  SessionOptions options_;
+  std::unique_ptr<models::KvCache> cache_;
+  std::vector<Sequence*> rows_;
+  // use_cache == false: every row's full token, position and mask columns so far.
+  std::vector<std::vector<int32_t>> all_ids_, all_pos_, all_mask_;
+  GenerationStats stats_;
+  bool peak_reset_ = false;
+};
+
+// Runs `seqs` to completion in batches of at most max_batch (in order). on_text(index, piece) receives the
+// streamed text of each sequence as it is produced.
+GenerationStats generate(const models::Decoder& decoder, std::vector<Sequence>& seqs, int64_t max_batch = 8,
+                         const std::function<void(size_t, const std::string&)>& on_text = {},
+                         SessionOptions options = {});
+
+}  // namespace lmtune::infer
