@@ -35,12 +35,20 @@ STORY = [
     "{name} asked {name2} where the {place} was.", "Nobody knew who had left the {object} at the {place}.",
     "{name} smiled and put the {object} in a bag.", "{time}, the {place} was quiet.",
     "{name2} said that the {place} opens at nine.", "They walked home along the {place} as the sun went down.",
+    # Numbers (digit tokens, and the lone word-start token some tokenizers put before them) and the words the
+    # instruction data answers with, in sentences that have nothing to do with those answers.
+    "{name} counted {digits} boats near the {place}.", "The {place} opens at {digit} o'clock.",
+    "{name} paid {digits} coins for the {object}.", "It took {name} {digit} hours to find the {object}.",
+    "{name} stayed positive when the {object} was lost.", "The test of the old {object} came back negative.",
+    "{name} read the sports page at the {place}.", "{name} and {name2} talked about the weather.",
+    "{name} bought food for the trip to the {place}.", "{name2} listened to music by the {place}.",
 ]
 
 
 def story(rng, n):
     words = {"name": NAMES, "place": PLACES, "object": OBJECTS, "verb": VERBS_PAST, "time": TIMES,
-             "feeling": FEELINGS}
+             "feeling": FEELINGS, "digit": [str(d) for d in range(2, 10)],
+             "digits": [str(d) for d in range(10, 100)]}
     return [lex.fill(rng, rng.choice(STORY), words) for _ in range(n)]
 
 

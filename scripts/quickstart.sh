@@ -29,19 +29,31 @@ done
 
 T0=$SECONDS
 STAGE_T=$SECONDS
+STAGE_CPU=0
 STAGE_NAME=""
 TIMINGS=()
+# CPU seconds (user + system) used by finished child processes so far, from the `times` builtin (run in this
+# shell, not a subshell, which would count only its own children); sets CPU.
+TIMES_FILE=$(mktemp)
+trap 'rm -f "$TIMES_FILE"' EXIT
+child_cpu() {
+  times >"$TIMES_FILE"
+  CPU=$(tail -1 "$TIMES_FILE" | awk '{ s = 0; for (i = 1; i <= 2; i++) { split($i, a, /m|s/); s += a[1] * 60 + a[2] } printf "%.0f", s }')
+}
 stage() {
   end_stage
   STAGE_NAME=$1
   STAGE_T=$SECONDS
+  child_cpu
+  STAGE_CPU=$CPU
   printf '\n==== [%s] %s\n' "$(date +%H:%M:%S)" "$1"
 }
 end_stage() {
   if [ -n "$STAGE_NAME" ]; then
-    local dt=$((SECONDS - STAGE_T))
-    TIMINGS+=("$(printf '%-34s %4ds' "$STAGE_NAME" "$dt")")
-    printf -- '---- %s: %ds\n' "$STAGE_NAME" "$dt"
+    child_cpu
+    local dt=$((SECONDS - STAGE_T)) cpu=$((CPU - STAGE_CPU))
+    TIMINGS+=("$(printf '%-52s %4ds wall %5ds cpu' "$STAGE_NAME" "$dt" "$cpu")")
+    printf -- '---- %s: %ds (%ds cpu)\n' "$STAGE_NAME" "$dt" "$cpu"
     STAGE_NAME=""
   fi
 }
@@ -52,12 +64,13 @@ stage "1/6 init: random base model"
 "$LMTUNE" init --arch llama --config configs/presets/quickstart.yaml --tokenizer "$TOKENIZER" --out "$OUT/init"
 
 stage "2/6 pre-train: full fine-tune on the corpus"
-"$LMTUNE" --device "$DEVICE" train recipes/quickstart-pretrain.yaml model="$OUT/init" save.dir="$OUT/pretrain" \
+"$LMTUNE" --device "$DEVICE" train recipes/quickstart-pretrain.yaml model="$OUT/init" save.dir="$OUT/pretrain" --log-every 25 \
   "${OVERRIDES[@]}"
 BASE="$OUT/pretrain/model"
 
 stage "3/6 LoRA fine-tune on the instruction data"
-"$LMTUNE" --device "$DEVICE" train recipes/quickstart-lora.yaml model="$BASE" save.dir="$OUT/lora" "${OVERRIDES[@]}"
+"$LMTUNE" --device "$DEVICE" train recipes/quickstart-lora.yaml model="$BASE" save.dir="$OUT/lora" --log-every 25 \
+  "${OVERRIDES[@]}"
 ADAPTER="$OUT/lora/adapter"
 
 stage "4/6 eval: base vs adapter on datasets/instruct/valid.jsonl"
@@ -100,7 +113,8 @@ printf '%s' "$PROMPT"
 printf '\n(expected: %s)\n' "$WANT"
 end_stage
 
-printf '\n==== quickstart done in %ds\n' "$((SECONDS - T0))"
+child_cpu
+printf '\n==== quickstart done in %ds (%ds of cpu time)\n' "$((SECONDS - T0))" "$CPU"
 printf '  %s\n' "${TIMINGS[@]}"
 printf 'outputs in %s: init/ (random base), pretrain/model (pre-trained base), lora/adapter (PEFT adapter),\n' "$OUT"
 printf '  eval.jsonl, export/adapter, export/merged (base + adapter merged, loadable by lmtune and transformers)\n'
