@@ -52,7 +52,7 @@ end_stage() {
   if [ -n "$STAGE_NAME" ]; then
     child_cpu
     local dt=$((SECONDS - STAGE_T)) cpu=$((CPU - STAGE_CPU))
-    TIMINGS+=("$(printf '%-52s %4ds wall %5ds cpu' "$STAGE_NAME" "$dt" "$cpu")")
+    TIMINGS+=("$(printf '%-58s %4ds wall %4ds cpu' "$STAGE_NAME" "$dt" "$cpu")")
     printf -- '---- %s: %ds (%ds cpu)\n' "$STAGE_NAME" "$dt" "$cpu"
     STAGE_NAME=""
   fi
