@@ -1,11 +1,14 @@
 // lmtune: one binary, CLI11 subcommands. Errors from lmtune become one message and a non-zero exit code.
 #include <CLI/CLI.hpp>
+#include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 
 #include "cli/commands.h"
 #include "core/error.h"
 
 int main(int argc, char** argv) {
+  // Logs go to stderr so that stdout carries only results (--json output, generated text, tables).
+  spdlog::set_default_logger(spdlog::stderr_color_mt("lmtune"));
   CLI::App app{"lmtune: fine-tune open LLMs on any GPU through Vulkan, or on the CPU"};
   app.require_subcommand(1);
   std::string device;
