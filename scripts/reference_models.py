@@ -352,12 +352,16 @@ def write_fixture(root, name, cfg, a, opts, seed):
         with open(os.path.join(d, "model.safetensors.index.json"), "w") as f:
             json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, f, indent=2)
             f.write("\n")
+    # What `lmtune eval` computes for row 0 as one text sample: mean next-token cross-entropy (no extra RNG draws,
+    # so the other outputs are unchanged).
+    eval_loss = loss_fn(logits[:1, :-1], ids[:1, 1:].clone())
     ref = {"ids": ids, "positions": positions, "doc_ids": doc_ids, "targets": targets,
            "logits": logits.detach().float(), "loss": loss.detach().reshape(1).float()}
     for n in wanted:
         ref["grad." + n] = p[n].grad.float()
     write_safetensors(os.path.join(d, "reference.safetensors"), ref,
-                      {"loss_f64": repr(loss.item()), "generator": "scripts/reference_models.py"})
+                      {"loss_f64": repr(loss.item()), "eval_loss_row0_f64": repr(eval_loss.item()),
+                       "generator": "scripts/reference_models.py"})
     print(f"{name:12s} loss {loss.item():.6f}  |logits| max {logits.abs().max().item():.3f}  grads {len(wanted)}")
 
 
