@@ -79,8 +79,9 @@ std::string Pipeline::decode_bytes(const std::vector<int32_t>& ids, bool skip_sp
   std::vector<std::string> tokens;
   tokens.reserve(ids.size());
   for (int32_t id : ids) {
-    if (id < 0 || static_cast<size_t>(id) >= id_to_token.size() || id_to_token[id].empty())
-      throw ConfigError(name + ": decode: token id " + std::to_string(id) + " is not in the vocabulary");
+    // Ids without a token decode to nothing, as in HF tokenizers. Models often pad their embedding past the
+    // tokenizer's vocabulary (Qwen: 151936 rows for 151669 tokens), and a sampler can pick such a row.
+    if (id < 0 || static_cast<size_t>(id) >= id_to_token.size() || id_to_token[id].empty()) continue;
     if (skip_special_tokens && special[id]) continue;
     tokens.push_back(id_to_token[id]);
   }
