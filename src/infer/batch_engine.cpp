@@ -111,24 +111,11 @@ void BatchEngine::join(const std::vector<Sequence*>& seqs, const std::vector<std
     incoming.push_back({seqs[i], adapters[i]});
     batch.push_back(seqs[i]);
   }
-  const int64_t B = int64_t(batch.size());
-  int64_t P = 0;
-  for (const Sequence* s : batch) P = std::max<int64_t>(P, int64_t(s->prompt().size()));
-  std::vector<int32_t> ids(size_t(B * P), 0), pos(size_t(B * P), 0), mask(size_t(B * P), 0);
-  bool padded = false;
-  for (int64_t b = 0; b < B; ++b) {
-    const auto& p = batch[size_t(b)]->prompt();
-    const int64_t pad = P - int64_t(p.size());
-    padded |= pad > 0;
-    for (int64_t j = 0; j < int64_t(p.size()); ++j) {
-      size_t i = size_t(b * P + pad + j);
-      ids[i] = p[size_t(j)];
-      pos[i] = int32_t(j);
-      mask[i] = 1;
-    }
-    batch[size_t(b)]->position_ = int64_t(p.size());
-    stats_.prefill_tokens += int64_t(p.size());
-  }
+  PaddedPrompts pp = left_pad_prompts(batch);
+  const int64_t B = pp.B, P = pp.P;
+  const std::vector<int32_t>&ids = pp.ids, &pos = pp.positions, &mask = pp.mask;
+  const bool padded = pp.padded;
+  stats_.prefill_tokens += pp.tokens;
   models::KvCache fresh(decoder_.config(), B, decoder_.compute_dtype(), dev, cache_chunk_, /*bound_sliding=*/false);
   Tensor logits = last_logits(Tensor::from_ints(ids, {B, P}, dev), Tensor::from_ints(pos, {B, P}, dev),
                               padded ? Tensor::from_ints(mask, {B, P}, dev) : Tensor(), fresh, groups_of(incoming));

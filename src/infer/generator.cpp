@@ -112,6 +112,30 @@ Tensor Session::forward_last(const Tensor& ids, const Tensor& positions, const T
   return decoder_.logits(last);
 }
 
+PaddedPrompts left_pad_prompts(const std::vector<Sequence*>& seqs) {
+  PaddedPrompts r;
+  r.B = int64_t(seqs.size());
+  for (const Sequence* s : seqs) r.P = std::max<int64_t>(r.P, int64_t(s->prompt().size()));
+  const size_t n = size_t(r.B * r.P);
+  r.ids.assign(n, 0);
+  r.positions.assign(n, 0);
+  r.mask.assign(n, 0);
+  for (int64_t b = 0; b < r.B; ++b) {
+    const auto& p = seqs[size_t(b)]->prompt();
+    const int64_t pad = r.P - int64_t(p.size());
+    r.padded |= pad > 0;
+    for (int64_t j = 0; j < int64_t(p.size()); ++j) {
+      size_t i = size_t(b * r.P + pad + j);
+      r.ids[i] = p[size_t(j)];
+      r.positions[i] = int32_t(j);
+      r.mask[i] = 1;
+    }
+    seqs[size_t(b)]->position_ = int64_t(p.size());
+    r.tokens += int64_t(p.size());
+  }
+  return r;
+}
+
 void sample_rows(const Tensor& logits, const std::vector<Sequence*>& rows) {
   const int64_t B = logits.dim(0), V = logits.dim(1);
   bool full = false;
@@ -164,24 +188,11 @@ void Session::prefill(const std::vector<Sequence*>& seqs) {
   }
   auto t0 = Clock::now();
   rows_ = seqs;
-  const int64_t B = int64_t(seqs.size());
-  int64_t P = 0;
-  for (const Sequence* s : seqs) P = std::max<int64_t>(P, int64_t(s->prompt().size()));
-  std::vector<int32_t> ids(size_t(B * P), 0), pos(size_t(B * P), 0), mask(size_t(B * P), 0);
-  bool padded = false;
-  for (int64_t b = 0; b < B; ++b) {
-    const auto& p = seqs[size_t(b)]->prompt();
-    const int64_t pad = P - int64_t(p.size());
-    padded |= pad > 0;
-    for (int64_t j = 0; j < int64_t(p.size()); ++j) {
-      size_t i = size_t(b * P + pad + j);
-      ids[i] = p[size_t(j)];
-      pos[i] = int32_t(j);
-      mask[i] = 1;
-    }
-    seqs[size_t(b)]->position_ = int64_t(p.size());
-    stats_.prefill_tokens += int64_t(p.size());
-  }
+  PaddedPrompts pp = left_pad_prompts(seqs);
+  const int64_t B = pp.B, P = pp.P;
+  const std::vector<int32_t>&ids = pp.ids, &pos = pp.positions, &mask = pp.mask;
+  const bool padded = pp.padded;
+  stats_.prefill_tokens += pp.tokens;
   if (options_.use_cache) {
     if (!cache_ || cache_->batch() != B)
       cache_ = std::make_unique<models::KvCache>(decoder_.config(), B, decoder_.compute_dtype(), dev,

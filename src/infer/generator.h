@@ -43,6 +43,16 @@ class Sequence;
 // (infer/batch_engine.h).
 void sample_rows(const Tensor& logits, const std::vector<Sequence*>& rows);
 
+// Prompts left-padded into one [B, P] prefill batch: ids, positions counted from each prompt's first real token,
+// and the attention mask (0 on padding). Also sets each sequence's next position to its prompt length.
+struct PaddedPrompts {
+  int64_t B = 0, P = 0;
+  std::vector<int32_t> ids, positions, mask;
+  bool padded = false;  // some row is shorter than P
+  int64_t tokens = 0;   // real prompt tokens
+};
+PaddedPrompts left_pad_prompts(const std::vector<Sequence*>& seqs);
+
 class Sequence {
  public:
   // `tokenizer` (may be null: no text, no stop strings) must outlive the sequence.
@@ -62,6 +72,7 @@ class Sequence {
   friend class Session;
   friend class BatchEngine;
   friend void sample_rows(const Tensor& logits, const std::vector<Sequence*>& rows);
+  friend PaddedPrompts left_pad_prompts(const std::vector<Sequence*>& seqs);
   void accept(int32_t id);  // one sampled id: stop checks, streaming
   void finish(FinishReason reason);
   std::vector<int32_t> history() const;  // prompt + generated, for the repetition penalty
