@@ -79,22 +79,4 @@ StepResult train_step(const models::Decoder& model, Optimizer& opt, LossScaler& 
   return r;
 }
 
-EvalResult evaluate(const models::Decoder& model, const Dataset& data, int batch_size, int seq_len, bool packing,
-                    int max_batches) {
-  NoGrad no_grad;
-  EvalResult r;
-  Batcher batcher(data, batch_size, seq_len, packing, 0, /*shuffle=*/false);
-  double sum = 0;
-  while (!batcher.epoch_finished() && (max_batches <= 0 || r.batches < max_batches)) {
-    Batch b = batcher.next();
-    if (b.B == 0) break;
-    ++r.batches;
-    if (b.trainable_tokens == 0) continue;
-    sum += batch_loss_sum(model, b, false).item();
-    r.trainable_tokens += b.trainable_tokens;
-  }
-  r.loss = r.trainable_tokens > 0 ? sum / double(r.trainable_tokens) : std::nan("");
-  return r;
-}
-
 }  // namespace lmtune

@@ -42,14 +42,4 @@ struct StepResult {
 StepResult train_step(const models::Decoder& model, Optimizer& optimizer, LossScaler& scaler,
                       const std::vector<Batch>& micro_batches, const StepOptions& options);
 
-struct EvalResult {
-  double loss = 0;               // token-weighted mean
-  int64_t trainable_tokens = 0;
-  int64_t batches = 0;
-};
-
-// No-grad validation loss over a file-order pass of `data` (max_batches > 0 stops early).
-EvalResult evaluate(const models::Decoder& model, const Dataset& data, int batch_size, int seq_len, bool packing,
-                    int max_batches);
-
 }  // namespace lmtune

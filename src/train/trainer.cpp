@@ -9,6 +9,7 @@
 
 #include "core/backend.h"
 #include "core/error.h"
+#include "infer/evaluate.h"
 #include "io/hf_config.h"
 #include "io/peft_adapter.h"
 #include "models/adapters.h"
@@ -158,12 +159,14 @@ TrainSummary train(const Recipe& r, const TrainOptions& options) {
   sum.base_valid_loss = sum.final_valid_loss = std::nan("");
   auto validate = [&](int64_t step) {
     auto t0 = Clock::now();
-    EvalResult e = evaluate(*tm.decoder, data.valid, r.train.batch_size, r.data.max_seq_len, r.data.packing,
-                            r.eval.batches);
-    metrics.log("valid", step, {{"loss", e.loss}, {"tokens", double(e.trainable_tokens)}});
-    spdlog::info("valid step {}/{} | loss {:.4f} | {} tokens in {} batches | {:.1f} s", step, r.train.steps, e.loss,
-                 e.trainable_tokens, e.batches, seconds_since(t0));
-    return e.loss;
+    // The same function as `lmtune eval`, so the two report the same loss.
+    infer::LossResult e = infer::evaluate_loss(*tm.decoder, data.valid, r.train.batch_size, r.data.max_seq_len,
+                                               r.data.packing, r.eval.batches);
+    double loss = e.tokens > 0 ? e.loss : std::nan("");
+    metrics.log("valid", step, {{"loss", loss}, {"tokens", double(e.tokens)}});
+    spdlog::info("valid step {}/{} | loss {:.4f} | {} tokens in {} batches | {:.1f} s", step, r.train.steps, loss,
+                 e.tokens, e.batches, seconds_since(t0));
+    return loss;
   };
   if (pr.step == 0 && data.has_valid() && r.eval.every > 0) sum.base_valid_loss = validate(0);
 
