@@ -26,7 +26,7 @@ struct LossResult {
 // batch's doc ids and positions; lm_head and the loss run on the target rows only, in chunks, so [B*T, V] logits
 // are never materialised. The sum over all batches is divided by the total target count (not a mean of batch
 // means). max_batches > 0 stops after that many batches (the trainer's eval.batches). Runs without gradients.
-// This is the definition of the trainer's validation loss (train_step.cpp's evaluate() computes the same sum).
+// The trainer's validation loss is this function too (train/trainer.cpp), so train and `lmtune eval` agree.
 LossResult evaluate_loss(const models::Decoder& decoder, const Dataset& dataset, int batch_size, int seq_len,
                          bool packing, int max_batches = 0);
 
