@@ -30,6 +30,7 @@ namespace {
 struct BenchOptions {
   bool json = false;
   bool profile = false;
+  bool stream = false;         // time reps back-to-back calls by wall clock (one synchronize) instead
   std::string sizes = "auto";  // auto | small | full
   std::string shapes;          // MxNxK[,MxNxK...] replaces the matmul shapes
   std::string only;            // comma list of op names to run
@@ -47,7 +48,9 @@ struct Result {
 using Clock = std::chrono::steady_clock;
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
-// Median time of fn in ms after warming up.
+bool g_stream = false;  // --stream
+
+// Median time of fn in ms after warming up (--stream: mean wall time of reps calls queued back to back).
 double time_op(const std::function<Tensor()>& fn, Device dev, int reps) {
   Backend& be = backend(dev);
   auto t0 = Clock::now();
@@ -56,6 +59,12 @@ double time_op(const std::function<Tensor()>& fn, Device dev, int reps) {
     if (i % 8 == 7) be.synchronize();  // keep the queue from running far ahead of the clock
   }
   be.synchronize();
+  if (g_stream) {
+    auto t = Clock::now();
+    for (int r = 0; r < reps; ++r) fn();
+    be.synchronize();
+    return seconds_since(t) * 1e3 / reps;
+  }
   bool gpu_timer = dev.is_vulkan() && vk::context_for(dev).features().timestamps;
   bool was_profiling = vk::profiling();
   if (gpu_timer) vk::set_profiling(true);
@@ -230,9 +239,10 @@ void run_bench_ops(const std::string& device_opt, const BenchOptions& o) {
     throw ConfigError("bench: --sizes must be auto, small or full (got '" + o.sizes + "')");
   }
   std::string desc = device_description(dev);
+  g_stream = o.stream;
   if (!o.json) {
     std::printf("lmtune bench ops on %s (%s sizes, median of %d, %s)\n", desc.c_str(), small ? "small" : "full",
-                o.reps, dev.is_vulkan() ? "GPU timestamps" : "wall clock");
+                o.reps, o.stream ? "back to back, wall clock" : dev.is_vulkan() ? "GPU timestamps" : "wall clock");
     std::printf("%-14s %-22s %-5s %13s %17s\n", "op", "shape (MxNxK)", "dtype", "time", "throughput");
   }
   if (o.profile) {
@@ -281,6 +291,7 @@ void add_bench_command(CLI::App& app, const std::string& device) {
   ops_cmd->add_option("--shapes", o->shapes, "Matmul shapes MxNxK[,MxNxK...] (f16 and f32)");
   ops_cmd->add_option("--ops", o->only, "Comma list of ops to run (matmul,add,mul,silu,copy,cast,rms_norm,softmax,sum)");
   ops_cmd->add_option("--reps", o->reps, "Timed repetitions per op (median)")->check(CLI::Range(1, 1000));
+  ops_cmd->add_flag("--stream", o->stream, "Time --reps calls queued back to back (wall clock, one synchronize)");
   ops_cmd->add_flag("--profile", o->profile, "Also print the per-kernel GPU profile (Vulkan)");
   ops_cmd->callback([&device, o] { run_bench_ops(device, *o); });
 }

@@ -1,8 +1,11 @@
 // lmtune: one binary, CLI11 subcommands. Errors from lmtune become one message and a non-zero exit code.
+#include <cstdio>
+
 #include <CLI/CLI.hpp>
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 
+#include "backend/vulkan/recorder.h"
 #include "cli/commands.h"
 #include "core/error.h"
 
@@ -31,5 +34,8 @@ int main(int argc, char** argv) {
     spdlog::error("internal error: {}", e.what());
     return 2;
   }
+  // LMTUNE_PROFILE=1: GPU time per kernel of the whole command, on stderr.
+  if (lmtune::vk::profiling() && !lmtune::vk::profile_stats().empty())
+    std::fprintf(stderr, "\n%s", lmtune::vk::profile_report().c_str());
   return 0;
 }
