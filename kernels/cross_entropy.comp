@@ -2,7 +2,8 @@
 // Cross-entropy over dense logits [N, V] with i32 targets [N]. Forward (one workgroup per row): lse[r] (f32) and
 // loss[r] = lse - logits[r, t] (0 where t == ignore_index; NaN for a target outside [0, V), which the op rejects
 // before launching). Built with -DGRAD: dlogits = (exp(logits - lse) - onehot(t)) * g[r], zero rows where ignored,
-// one invocation per element.
+// one invocation per element; a target outside [0, V) has no one-hot term (vocabulary chunks of
+// linear_cross_entropy).
 #include "common.glsl"
 layout(local_size_x_id = 0) in;
 #include "rows.glsl"

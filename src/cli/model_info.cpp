@@ -78,7 +78,7 @@ void print_model_info(const std::string& model_dir, const ModelInfoOptions& opt)
   std::printf("  LoRA params     %s (%lld parameters)\n", gib(e.lora_params).c_str(), (long long)e.lora_param_count);
   std::printf("  LoRA grads      %s\n", gib(e.lora_grads).c_str());
   std::printf("  AdamW moments   %s\n", gib(e.optimizer).c_str());
-  std::printf("  activations     %s without checkpointing, %s with (logits %s)\n", gib(e.activations).c_str(),
+  std::printf("  activations     %s without checkpointing, %s with (loss chunk %s)\n", gib(e.activations).c_str(),
               gib(e.activations_checkpointed).c_str(), gib(e.logits).c_str());
   std::printf("  total           %s without checkpointing, %s with\n", gib(e.total(false)).c_str(),
               gib(e.total(true)).c_str());

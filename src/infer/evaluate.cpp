@@ -20,8 +20,11 @@ LossResult evaluate_loss(const models::Decoder& decoder, const Dataset& dataset,
   Batcher batcher(dataset, batch_size, seq_len, packing, /*seed=*/0, /*shuffle=*/false);
   LossResult r;
   double total = 0;
-  // Rows of lm_head per chunk: bounds the [rows, V] logits (e.g. 512 x 152k f32 = 311 MB).
-  const int64_t chunk = std::max<int64_t>(1, (int64_t(64) << 20) / (4 * decoder.config().vocab_size));
+  // Target rows per loss call. The fused loss bounds its own memory (vocabulary chunks) and reads lm_head once
+  // per call, so it takes every row of a batch at once; the unfused reference (LMTUNE_FUSED_CE=0) materialises
+  // [rows, V] f32 logits, so it goes 64 MiB of logits at a time (e.g. 110 rows of a 152k vocabulary).
+  const bool fused = models::fused_cross_entropy();
+  const int64_t reference_rows = std::max<int64_t>(1, (int64_t(64) << 20) / (4 * decoder.config().vocab_size));
   while (!batcher.epoch_finished() && (max_batches <= 0 || r.batches < max_batches)) {
     Batch b = batcher.next();
     if (b.B == 0) break;
@@ -33,19 +36,19 @@ LossResult evaluate_loss(const models::Decoder& decoder, const Dataset& dataset,
     Tensor hidden = decoder.forward_hidden(Tensor::from_ints(b.ids, {B, T}, dev),
                                            Tensor::from_ints(b.positions, {B, T}, dev), opt);
     hidden = ops::reshape(ops::contiguous(hidden), {B * T, C});
-    // Gather the rows that have a target (embedding() is a row gather), then lm_head + cross-entropy per chunk.
+    // Gather the rows that have a target (embedding() is a row gather), then lm_head + cross-entropy.
     std::vector<int32_t> rows, targets;
     for (size_t i = 0; i < b.targets.size(); ++i)
       if (b.targets[i] != -100) {
         rows.push_back(int32_t(i));
         targets.push_back(b.targets[i]);
       }
+    const int64_t chunk = fused ? std::max<int64_t>(1, int64_t(rows.size())) : reference_rows;
     for (size_t first = 0; first < rows.size(); first += size_t(chunk)) {
       const int64_t n = std::min<int64_t>(chunk, int64_t(rows.size() - first));
       Tensor idx = Tensor::from_ints({rows.begin() + std::ptrdiff_t(first), rows.begin() + std::ptrdiff_t(first) + n}, {n}, dev);
       Tensor tgt = Tensor::from_ints({targets.begin() + std::ptrdiff_t(first), targets.begin() + std::ptrdiff_t(first) + n}, {n}, dev);
-      Tensor logits = decoder.logits(ops::embedding(hidden, idx));
-      total += double(ops::sum_all(ops::cross_entropy(logits, tgt)).item());
+      total += double(ops::sum_all(decoder.token_losses(ops::embedding(hidden, idx), tgt)).item());
     }
     r.tokens += int64_t(rows.size());
   }

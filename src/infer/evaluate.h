@@ -23,8 +23,8 @@ struct LossResult {
 
 // Token-weighted mean cross-entropy of `decoder` over every sample of `dataset`, visited once in file order by
 // Batcher(dataset, batch_size, seq_len, packing, seed 0, shuffle=false). Each batch runs forward_hidden with the
-// batch's doc ids and positions; lm_head and the loss run on the target rows only, in chunks, so [B*T, V] logits
-// are never materialised. The sum over all batches is divided by the total target count (not a mean of batch
+// batch's doc ids and positions; lm_head and the loss run on the target rows only (Decoder::token_losses: fused
+// over vocabulary chunks, or the reference over row chunks), so [B*T, V] logits are never materialised. The sum over all batches is divided by the total target count (not a mean of batch
 // means). max_batches > 0 stops after that many batches (the trainer's eval.batches). Runs without gradients.
 // The trainer's validation loss is this function too (train/trainer.cpp), so train and `lmtune eval` agree.
 LossResult evaluate_loss(const models::Decoder& decoder, const Dataset& dataset, int batch_size, int seq_len,

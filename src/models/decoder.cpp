@@ -16,7 +16,10 @@
 // transformers does.
 #include "models/decoder.h"
 
+#include <algorithm>
 #include <cmath>
+#include <cstdlib>
+#include <string>
 
 #include "core/autodiff.h"
 #include "core/error.h"
@@ -397,6 +400,17 @@ Tensor Decoder::logits(const Tensor& hidden) const {
   return y;
 }
 
+Tensor Decoder::token_losses(const Tensor& hidden, const Tensor& targets) const {
+  const int64_t C = hidden.dim(-1), N = hidden.numel() / std::max<int64_t>(C, 1);
+  if (targets.dtype() != DType::i32 || targets.numel() != N)
+    throw ShapeError("loss: targets must be i32 with one entry per hidden row: hidden " + to_string(hidden.shape()) +
+                     ", targets " + to_string(targets.shape()));
+  Tensor h = ops::reshape(hidden, {N, C}), t = ops::reshape(targets, {N});
+  if (!fused_cross_entropy()) return ops::cross_entropy(logits(h), t, -100);
+  return ops::linear_cross_entropy(h, weights_.lm_head, t, -100, float(config_.final_logit_softcapping),
+                                   fused_cross_entropy_chunk());
+}
+
 Tensor Decoder::forward(const Tensor& ids, const Tensor& positions, const ForwardOptions& options) const {
   return logits(forward_hidden(ids, positions, options));
 }
@@ -424,13 +438,35 @@ Tensor positions_from_doc_ids(const Tensor& doc_ids) {
   return Tensor::from_ints(p, doc_ids.shape(), doc_ids.device());
 }
 
-Tensor mean_cross_entropy(const Tensor& logits, const Tensor& targets, const Tensor& mask) {
-  const int64_t V = logits.dim(-1);
-  const int64_t N = logits.numel() / V;
+bool fused_cross_entropy() {
+  const char* v = std::getenv("LMTUNE_FUSED_CE");
+  return !(v && std::string(v) == "0");
+}
+
+int64_t fused_cross_entropy_chunk() {
+  const char* v = std::getenv("LMTUNE_FUSED_CE_CHUNK");
+  if (!v || !*v) return 0;
+  char* end = nullptr;
+  const long long n = std::strtoll(v, &end, 10);
+  if (*end != '\0' || n < 0)
+    throw ConfigError(std::string("LMTUNE_FUSED_CE_CHUNK must be a number of vocabulary rows (0 = automatic), got '") +
+                      v + "'");
+  return int64_t(n);
+}
+
+namespace {
+
+// Targets [N] with the mask applied (0 -> -100) and the count of those that take part: needed on the host
+// anyway, so the mask is applied there too.
+struct CountedTargets {
+  Tensor flat;
+  int64_t count = 0;
+};
+
+CountedTargets counted_targets(const Tensor& targets, const Tensor& mask, int64_t N, const std::string& rows) {
   if (targets.dtype() != DType::i32 || targets.numel() != N)
-    throw ShapeError("loss: targets must be i32 with one entry per logits row: logits " + to_string(logits.shape()) +
-                     ", targets " + to_string(targets.shape()));
-  // The count of targets that take part is needed on the host anyway; apply the mask there too.
+    throw ShapeError("loss: targets must be i32 with one entry per row: " + rows + ", targets " +
+                     to_string(targets.shape()));
   std::vector<int32_t> t = targets.to_ints();
   if (mask.defined()) {
     if (mask.numel() != N) throw ShapeError("loss: mask " + to_string(mask.shape()) + " does not match targets");
@@ -438,11 +474,23 @@ Tensor mean_cross_entropy(const Tensor& logits, const Tensor& targets, const Ten
     for (size_t i = 0; i < t.size(); ++i)
       if (m[i] == 0) t[i] = -100;
   }
-  int64_t count = 0;
-  for (int32_t v : t) count += v != -100;
-  Tensor flat_targets = mask.defined() ? Tensor::from_ints(t, {N}, targets.device()) : ops::reshape(targets, {N});
-  Tensor per_row = ops::cross_entropy(ops::reshape(logits, {N, V}), flat_targets, -100);
+  CountedTargets r;
+  for (int32_t v : t) r.count += v != -100;
+  r.flat = mask.defined() ? Tensor::from_ints(t, {N}, targets.device()) : ops::reshape(targets, {N});
+  return r;
+}
+
+Tensor mean_over(const Tensor& per_row, int64_t count) {
   return ops::scale(ops::sum_all(per_row), count > 0 ? float(1.0 / double(count)) : 0.0f);
+}
+
+}  // namespace
+
+Tensor mean_cross_entropy(const Tensor& logits, const Tensor& targets, const Tensor& mask) {
+  const int64_t V = logits.dim(-1);
+  const int64_t N = logits.numel() / V;
+  CountedTargets t = counted_targets(targets, mask, N, "logits " + to_string(logits.shape()));
+  return mean_over(ops::cross_entropy(ops::reshape(logits, {N, V}), t.flat, -100), t.count);
 }
 
 Tensor loss(const Decoder& model, const Tensor& ids, const Tensor& targets, const Tensor& mask,
@@ -451,7 +499,10 @@ Tensor loss(const Decoder& model, const Tensor& ids, const Tensor& targets, cons
   if (!pos.defined())
     pos = options.doc_ids.defined() ? positions_from_doc_ids(options.doc_ids)
                                     : default_positions(ids.dim(0), ids.dim(1), ids.device());
-  return mean_cross_entropy(model.forward(ids, pos, options), targets, mask);
+  Tensor hidden = model.forward_hidden(ids, pos, options);
+  CountedTargets t = counted_targets(targets, mask, hidden.numel() / hidden.dim(-1),
+                                     "hidden " + to_string(hidden.shape()));
+  return mean_over(model.token_losses(hidden, t.flat), t.count);
 }
 
 }  // namespace lmtune::models

@@ -142,6 +142,10 @@ class Decoder {
   Tensor forward_hidden(const Tensor& ids, const Tensor& positions, const ForwardOptions& options = {}) const;
   // hidden [..., C] -> logits f32 [..., V] (lm_head and final soft-capping).
   Tensor logits(const Tensor& hidden) const;
+  // The per-token loss: cross-entropy of logits(hidden) against targets (i32, one per row of hidden [..., C];
+  // -100 = ignored, giving 0) -> f32 [rows]. Fused (ops::linear_cross_entropy: the [rows, V] logits are never
+  // held, forward or backward) unless fused_cross_entropy() is off; then logits + ops::cross_entropy.
+  Tensor token_losses(const Tensor& hidden, const Tensor& targets) const;
 
  private:
   Tensor layer_forward(int index, const Tensor& x, const Tensor& positions, const ForwardOptions& options) const;
@@ -157,11 +161,18 @@ Tensor default_positions(int64_t batch, int64_t tokens, Device device);
 // Positions that restart at 0 at each document boundary of doc_ids [B, T] (host computation).
 Tensor positions_from_doc_ids(const Tensor& doc_ids);
 
+// Whether the losses use the fused lm_head + cross-entropy (Decoder::token_losses): yes unless the environment
+// sets LMTUNE_FUSED_CE=0, which selects the unfused reference (full f32 logits, then cross_entropy).
+bool fused_cross_entropy();
+// Vocabulary rows per chunk of the fused loss: LMTUNE_FUSED_CE_CHUNK, else 0 (automatic: ~128 MiB of f32
+// logits per chunk, see ops::linear_cross_entropy). ConfigError when the variable is not a number >= 0.
+int64_t fused_cross_entropy_chunk();
+
 // Mean cross-entropy of logits [B, T, V] (or [N, V]) against targets i32 [B, T] over targets != -100.
 // mask (optional, i32 [B, T]): 0 excludes a target as -100 does. Returns an f32 scalar (0 when nothing counts).
 Tensor mean_cross_entropy(const Tensor& logits, const Tensor& targets, const Tensor& mask = Tensor());
-// The training loss: forward + mean_cross_entropy. positions undefined -> default_positions (or, with doc_ids,
-// positions_from_doc_ids).
+// The training loss: the mean over counted targets (as mean_cross_entropy) of forward_hidden + token_losses.
+// positions undefined -> default_positions (or, with doc_ids, positions_from_doc_ids).
 Tensor loss(const Decoder& model, const Tensor& ids, const Tensor& targets, const Tensor& mask = Tensor(),
             const Tensor& positions = Tensor(), const ForwardOptions& options = {});
 

@@ -1,6 +1,7 @@
 // LoRA training memory estimate (see memory.h and docs/models.md, "Memory estimate").
 #include "models/memory.h"
 
+#include "core/ops/linear_cross_entropy.h"
 #include "models/weights.h"
 
 namespace lmtune::models {
@@ -30,7 +31,9 @@ TrainingMemoryEstimate estimate_training_memory(const ModelConfig& c, const Trai
   // The attention composite materialises scores and probabilities, f32 [B, H, T, T] each.
   const uint64_t scores = 2ull * uint64_t(o.batch) * uint64_t(H) * uint64_t(o.seq) * uint64_t(o.seq) * 4;
   const uint64_t layer = N * per_token * act + scores;
-  e.logits = N * uint64_t(V) * 4 * 2;  // f32 logits + their gradient
+  // The fused loss (ops::linear_cross_entropy) holds one vocabulary chunk at a time: its f32 logits, their
+  // gradient and about one more temporary of that size (soft-capping) — not [N, V] logits and their gradient.
+  e.logits = 3 * N * uint64_t(default_vocab_chunk(int64_t(N), V)) * 4;
   e.activations = uint64_t(L) * layer + e.logits;
   // Checkpointing keeps each layer's input, and recomputes one layer at a time during backward.
   e.activations_checkpointed = uint64_t(L) * N * uint64_t(C) * act + layer + e.logits;

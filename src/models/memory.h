@@ -23,7 +23,8 @@ struct TrainingMemoryEstimate {
   uint64_t optimizer = 0;        // AdamW first and second moments, f32
   uint64_t activations = 0;      // saved for backward, no checkpointing
   uint64_t activations_checkpointed = 0;  // layer inputs + one layer recomputed
-  uint64_t logits = 0;           // f32 logits and their gradient (part of both activation figures)
+  uint64_t logits = 0;           // the fused loss's vocabulary chunk: f32 logits, gradient, one temporary
+                                 // (part of both activation figures)
   int64_t lora_param_count = 0;
 
   uint64_t fixed() const { return weights + lora_params + lora_grads + optimizer; }

@@ -19,9 +19,8 @@ Tensor batch_loss_sum(const models::Decoder& model, const Batch& b, bool checkpo
   models::ForwardOptions fo;
   fo.doc_ids = Tensor::from_ints(b.doc_ids, shape, d);  // packed documents (and padding) attend only to themselves
   fo.checkpoint_layers = checkpoint_layers;
-  Tensor logits = model.forward(ids, positions, fo);
-  Tensor per_token = ops::cross_entropy(ops::reshape(logits, {int64_t(b.B) * b.T, logits.dim(-1)}), targets, -100);
-  return ops::sum_all(per_token);
+  // lm_head + cross-entropy fused over vocabulary chunks: no [B*T, V] logits (models::fused_cross_entropy).
+  return ops::sum_all(model.token_losses(model.forward_hidden(ids, positions, fo), targets));
 }
 
 StepResult train_step(const models::Decoder& model, Optimizer& opt, LossScaler& scaler,

@@ -172,6 +172,19 @@ TEST_P(DeviceGrads, SoftmaxAndCrossEntropy) {
   }
 }
 
+TEST_P(DeviceGrads, LinearCrossEntropy) {
+  for (DType dt : float_dtypes())
+    for (float softcap : {0.0f, 2.0f}) {
+      LMTUNE_CASE(dtype_name(dt) << " softcap " << softcap);
+      // V = 97 in chunks of 32 (3 x 32 + 1), N = 5 with an ignored row, hidden transposed.
+      compare([=](Device d) {
+        Tensor targets = Tensor::from_ints({96, -100, 31, 0, 64}, {5}, d);
+        return Setup{[=](const V& in) { return V{ops::linear_cross_entropy(in[0], in[1], targets, -100, softcap, 32)}; },
+                     {make_input({5, 9}, dt, d, 26, Layout::transposed), make_input({97, 9}, dt, d, 27)}};
+      });
+    }
+}
+
 TEST_P(DeviceGrads, MatmulAndLinear) {
   auto mm = [](const Tensor& a, const Tensor& b) { return ops::matmul(a, b); };
   for (DType dt : float_dtypes()) {

@@ -124,6 +124,23 @@ TEST(OpGrads, SoftmaxAndCrossEntropy) {
                    f32_input({5, 7}, 16, Layout::transposed, 0.1f, 3.0f));
 }
 
+// Fused linear + cross-entropy: V = 10 in chunks of 4 (4 + 4 + 2), an ignored row, soft-cap off and on.
+TEST(OpGrads, LinearCrossEntropy) {
+  Tensor targets = Tensor::from_ints({3, -100, 9, 0, 4}, {5}, Device::cpu());
+  auto rt = ref::ints_of(targets);
+  for (float softcap : {0.0f, 1.5f}) {
+    LMTUNE_CASE("softcap " << softcap);
+    check_gradients(
+        [&](const V& in) { return V{ops::linear_cross_entropy(in[0], in[1], targets, -100, softcap, 4)}; },
+        [&](const RA& in) {
+          A z = ref::linear(in[0], in[1], nullptr);
+          if (softcap > 0) z = ref::unary(z, [&](double x) { return softcap * std::tanh(x / softcap); });
+          return RA{ref::cross_entropy(z, rt, -100)};
+        },
+        {f32_input({5, 3}, 24, Layout::transposed, 0.1f, 2.0f), f32_input({10, 3}, 25, Layout::contiguous, 0.1f, 2.0f)});
+  }
+}
+
 TEST(OpGrads, MatmulAndLinear) {
   check_gradients([](const V& in) { return V{ops::matmul(in[0], in[1])}; },
                   [](const RA& in) { return RA{ref::matmul(in[0], in[1])}; },

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdio>
+#include <cstdlib>
 
 #include "core/autodiff.h"
 #include "core/ops.h"
@@ -71,6 +72,60 @@ TEST_P(Parity, LogitsLossAndGradients) {
               GetParam().device.c_str(), e_logits, e_loss, e_grad);
   EXPECT_LT(e_logits, 1e-4);
   EXPECT_LT(e_loss, 1e-5);
+}
+
+// Sets an environment variable for a scope (restoring the previous value).
+struct ScopedEnv {
+  ScopedEnv(const char* name, const char* value) : name(name) {
+    if (const char* v = std::getenv(name)) old = v, had = true;
+    setenv(name, value, 1);
+  }
+  ~ScopedEnv() { had ? (void)setenv(name, old.c_str(), 1) : (void)unsetenv(name); }
+  const char* name;
+  std::string old;
+  bool had = false;
+};
+
+// models::loss uses the fused lm_head + cross-entropy (here in vocabulary chunks of 48 rows: 48 + 48 + 32):
+// loss and gradients — the tied embedding's included, soft-capping for Gemma — against the PyTorch reference
+// and against the unfused path (LMTUNE_FUSED_CE=0: full logits, then cross_entropy).
+TEST_P(Parity, FusedLossMatchesUnfused) {
+  Reference ref(GetParam().arch);
+  const Device d = device();
+  std::vector<std::string> names = ref.grad_names();
+  ScopedEnv chunk("LMTUNE_FUSED_CE_CHUNK", "48");
+  std::vector<double> losses;
+  std::vector<std::vector<std::vector<float>>> grads;
+  for (const char* fused : {"1", "0"}) {
+    ScopedEnv mode("LMTUNE_FUSED_CE", fused);
+    Decoder model = load();
+    for (const std::string& n : names) slot(model, n)->set_requires_grad(true);
+    if (model.config().tie_word_embeddings) model.weights().lm_head = model.weights().embed;
+    ForwardOptions opt;
+    opt.doc_ids = ref.int_tensor("doc_ids", d);
+    Tensor l = loss(model, ref.int_tensor("ids", d), ref.int_tensor("targets", d), Tensor(),
+                    ref.int_tensor("positions", d), opt);
+    losses.push_back(l.item());
+    backward(l);
+    grads.emplace_back();
+    for (const std::string& n : names) {
+      Tensor g = slot(model, n)->grad();
+      ASSERT_TRUE(g.defined()) << n;
+      grads.back().push_back(g.to_floats());
+    }
+  }
+  const double want = ref.floats("loss")[0];
+  EXPECT_LT(std::fabs(losses[0] - want) / want, 1e-5);
+  EXPECT_LT(std::fabs(losses[0] - losses[1]) / want, 1e-6);
+  double e_ref = 0, e_unfused = 0;
+  for (size_t i = 0; i < names.size(); ++i) {
+    e_ref = std::max(e_ref, rel_err(grads[0][i], ref.floats("grad." + names[i])));
+    e_unfused = std::max(e_unfused, rel_err(grads[0][i], grads[1][i]));
+    EXPECT_LT(rel_err(grads[0][i], ref.floats("grad." + names[i])), 1e-4) << names[i];
+    EXPECT_LT(rel_err(grads[0][i], grads[1][i]), 1e-5) << names[i];
+  }
+  std::printf("[parity] %-12s %-9s fused loss: grads vs reference %.2e, vs unfused %.2e\n", GetParam().arch.c_str(),
+              GetParam().device.c_str(), e_ref, e_unfused);
 }
 
 // Row 0 of the reference batch is one document: without doc_ids, alone, it gives the same logits.

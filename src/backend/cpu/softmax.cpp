@@ -98,7 +98,7 @@ void CrossEntropyGrad::eval_cpu(const std::vector<Tensor>& in, std::vector<Tenso
       } else {
         cpu::load_row(lp + r * V * int64_t(le), logits.dtype(), 1, V, v.data());
         for (float& f : v) f = float(std::exp(double(f) - lse[r])) * g[r];
-        v[size_t(targets[r])] -= g[r];
+        if (targets[r] >= 0 && targets[r] < V) v[size_t(targets[r])] -= g[r];  // else: no one-hot term
       }
       cpu::store_row(yp + r * V * int64_t(ye), y.dtype(), 1, V, v.data());
     }

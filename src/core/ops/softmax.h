@@ -39,6 +39,8 @@ class CrossEntropy final : public Primitive {
 
 // dlogits [N, V] (logits' dtype) = (softmax(logits) - onehot(targets)) * g[:, None], zero rows where ignored.
 // Inputs: logits, targets, lse [N], g f32 [N]. Used by CrossEntropy's vjp and jvp; not differentiable itself.
+// A target outside [0, V) (other than ignore_index) gets no one-hot term: linear_cross_entropy passes the
+// targets local to a vocabulary chunk, and the lse of the whole vocabulary.
 class CrossEntropyGrad final : public Primitive {
  public:
   explicit CrossEntropyGrad(int ignore_index) : ignore_index(ignore_index) {}

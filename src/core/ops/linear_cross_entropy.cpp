@@ -1,0 +1,207 @@
+// Fused linear + cross-entropy over vocabulary chunks (see linear_cross_entropy.h). Notation: N rows, C hidden,
+// V vocabulary, a chunk is the weight rows [s, e); z = softcap(h · W[s:e]ᵀ) are the chunk's f32 logits.
+//
+//   forward:  lse = logsumexp over chunks of logsumexp(z), loss = lse - z[target]  (z[target] = a row dot product
+//             of h with the gathered weight row, not a pass over the logits)
+//   vjp:      dz = (exp(z - lse) - onehot(target)) · g      (the CrossEntropyGrad kernel, chunk-local targets)
+//             draw = dz · (1 - (z / softcap)²)                (softcap only)
+//             dh += draw · W[s:e],  dW[s:e] = drawᵀ · h       (dW only when the weight wants a gradient)
+//   jvp:      dlse = Σ_chunks Σ_V softmax · dz,  dloss = dlse - dz[target]
+// Peak extra memory is a few [N, chunk] f32 tensors, instead of [N, V] logits plus their gradient.
+#include "core/ops/linear_cross_entropy.h"
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+
+#include "core/autodiff.h"
+#include "core/error.h"
+#include "core/ops.h"
+#include "core/ops/softmax.h"
+#include "core/ops/view.h"
+
+namespace lmtune {
+namespace {
+
+Tensor f32(const Tensor& t) { return t.dtype() == DType::f32 ? t : ops::cast(t, DType::f32); }
+Tensor cast_to(const Tensor& t, DType d) { return t.dtype() == d ? t : ops::cast(t, d); }
+Tensor col(const Tensor& v) { return ops::reshape(v, {v.dim(0), 1}); }  // [N] -> [N, 1]
+
+Tensor rows_of(const Tensor& w, int64_t s, int64_t e) { return ops::slice(w, 0, s, e); }
+
+Tensor cap(const Tensor& x, float softcap) {
+  return softcap > 0 ? ops::scale(ops::tanh(ops::scale(x, 1.0f / softcap)), softcap) : x;
+}
+
+// d softcap(x) / dx = 1 - tanh²(x / c) = 1 - (z / c)², from the capped value z.
+Tensor cap_slope(const Tensor& z, float softcap) {
+  return ops::add_scalar(ops::neg(ops::square(ops::scale(z, 1.0f / softcap))), 1.0f);
+}
+
+// The chunk's logits z [N, e - s] (f32: h32 is f32 and matmul accumulates in f32).
+Tensor chunk_logits(const Tensor& h32, const Tensor& weight, int64_t s, int64_t e, float softcap) {
+  return cap(ops::matmul(h32, ops::transpose(rows_of(weight, s, e))), softcap);
+}
+
+// Σ_C a[n, c] b[n, c] in f32: [N].
+Tensor row_dot(const Tensor& a, const Tensor& b) { return ops::sum(ops::mul(f32(a), f32(b)), {-1}); }
+
+template <class F>
+void for_each_chunk(int64_t V, int64_t chunk, F f) {
+  for (int64_t s = 0; s < V; s += chunk) f(s, std::min(V, s + chunk));
+}
+
+}  // namespace
+
+int64_t default_vocab_chunk(int64_t rows, int64_t vocab) {
+  const int64_t budget = int64_t(128) << 20;  // bytes of f32 logits per chunk
+  int64_t c = std::max<int64_t>(1, budget / (4 * std::max<int64_t>(rows, 1)));
+  if (c >= 64) c -= c % 64;
+  return std::min(c, std::max<int64_t>(vocab, 1));
+}
+
+namespace {
+
+// Per-row target data on the device, from the host targets.
+struct Targets {
+  Tensor safe;     // i32 [N]: the target, 0 where ignored (a row that can be gathered)
+  Tensor ignored;  // i32 [N]: 1 where ignored
+};
+
+Targets device_targets(const std::vector<int32_t>& t, int ignore_index, Device d) {
+  std::vector<int32_t> safe(t.size()), ignored(t.size());
+  for (size_t i = 0; i < t.size(); ++i) {
+    ignored[i] = t[i] == ignore_index;
+    safe[i] = ignored[i] ? 0 : t[i];
+  }
+  const Shape n{int64_t(t.size())};
+  return {Tensor::from_ints(safe, n, d), Tensor::from_ints(ignored, n, d)};
+}
+
+// Targets local to the chunk [s, e) for CrossEntropyGrad(ignore_index = -1): -1 where ignored, t - s inside the
+// chunk, -2 outside it (a target outside [0, e - s) gets the softmax term but no one-hot term).
+Tensor chunk_targets(const std::vector<int32_t>& t, int ignore_index, int64_t s, int64_t e, Device d) {
+  std::vector<int32_t> local(t.size());
+  for (size_t i = 0; i < t.size(); ++i)
+    local[i] = t[i] == ignore_index ? -1 : (t[i] >= s && t[i] < e ? int32_t(t[i] - s) : -2);
+  return Tensor::from_ints(local, {int64_t(t.size())}, d);
+}
+
+// softcap(h · W[target]) per row [N] (rows with an ignored target use row 0; callers mask them).
+Tensor target_logits(const Tensor& h32, const Tensor& weight, const Targets& tg, float softcap) {
+  return cap(row_dot(h32, ops::embedding(weight, tg.safe)), softcap);
+}
+
+}  // namespace
+
+void LinearCrossEntropy::forward(const std::vector<Tensor>& in, std::vector<Tensor>& out) {
+  using namespace ops;
+  const Tensor& hidden = in[0];
+  const Tensor& weight = in[1];
+  const int64_t N = hidden.dim(0), V = weight.dim(0);
+  if (N == 0) return;
+  Tensor h32 = f32(hidden);
+  std::vector<Tensor> chunk_lse;  // [N, 1] each
+  for_each_chunk(V, chunk, [&](int64_t s, int64_t e) {
+    chunk_lse.push_back(logsumexp(chunk_logits(h32, weight, s, e, softcap), -1, true));
+  });
+  Tensor lse = chunk_lse.size() == 1 ? reshape(chunk_lse[0], {N}) : logsumexp(concat(chunk_lse, 1), -1);
+  Targets tg = device_targets(host_targets, ignore_index, hidden.device());
+  Tensor loss = masked_fill(sub(lse, target_logits(h32, weight, tg, softcap)), tg.ignored, 0.0f);
+  copy_into(out[0], loss);
+  copy_into(out[1], lse);
+}
+
+// The lse output is internal (the op function returns only the loss), so cot[1] is always undefined.
+std::vector<Tensor> LinearCrossEntropy::vjp(const Node& node, const std::vector<Tensor>& cot,
+                                            const std::vector<bool>& wanted) {
+  using namespace ops;
+  if (!cot[0].defined() || (!wanted[0] && !wanted[1])) return {Tensor(), Tensor(), Tensor()};
+  const Tensor& hidden = node.inputs[0];
+  const Tensor& weight = node.inputs[1];
+  const Tensor& lse = node.outputs[1];
+  const Device d = hidden.device();
+  const int64_t V = weight.dim(0);
+  Tensor h32 = f32(hidden), g = contiguous(f32(cot[0]));
+  Tensor dh, dw;
+  if (wanted[1]) dw = Tensor::empty(weight.shape(), weight.dtype(), d);
+  for_each_chunk(V, chunk, [&](int64_t s, int64_t e) {
+    Tensor z = chunk_logits(h32, weight, s, e, softcap);
+    Tensor dz = apply1(std::make_shared<CrossEntropyGrad>(-1),
+                       {z, chunk_targets(host_targets, ignore_index, s, e, d), lse, g}, {z.shape(), DType::f32});
+    if (softcap > 0) dz = mul(dz, cap_slope(z, softcap));
+    if (wanted[0]) {
+      Tensor part = matmul(dz, rows_of(weight, s, e));
+      dh = dh.defined() ? add(dh, part) : part;
+    }
+    if (wanted[1]) copy_into(rows_of(dw, s, e), matmul(transpose(dz), h32));
+  });
+  if (dh.defined()) dh = cast_to(dh, hidden.dtype());
+  return {dh, dw, Tensor()};
+}
+
+std::vector<Tensor> LinearCrossEntropy::jvp(const Node& node, const std::vector<Tensor>& t) {
+  using namespace ops;
+  const Tensor& th = t[0];
+  const Tensor& tw = t[1];
+  if (!th.defined() && !tw.defined()) return {Tensor(), Tensor()};
+  const Tensor& hidden = node.inputs[0];
+  const Tensor& weight = node.inputs[1];
+  const Tensor& lse = node.outputs[1];
+  const int64_t V = weight.dim(0);
+  Tensor h32 = f32(hidden), th32 = th.defined() ? f32(th) : Tensor();
+  // The logits' tangent over a range of weight rows (or the gathered target rows): th · Wᵀ + h · twᵀ.
+  auto raw_tangent = [&](const auto& product, const Tensor& w_rows, const Tensor& tw_rows) {
+    Tensor r;
+    if (th.defined()) r = product(th32, w_rows);
+    if (tw.defined()) r = r.defined() ? add(r, product(h32, tw_rows)) : product(h32, tw_rows);
+    return r;
+  };
+  auto mm = [](const Tensor& a, const Tensor& w) { return matmul(a, transpose(w)); };
+  Tensor tlse;
+  for_each_chunk(V, chunk, [&](int64_t s, int64_t e) {
+    Tensor z = chunk_logits(h32, weight, s, e, softcap);
+    Tensor tz = raw_tangent(mm, rows_of(weight, s, e), tw.defined() ? rows_of(tw, s, e) : Tensor());
+    if (softcap > 0) tz = mul(tz, cap_slope(z, softcap));
+    Tensor part = sum(mul(exp(sub(z, col(lse))), tz), {-1});
+    tlse = tlse.defined() ? add(tlse, part) : part;
+  });
+  Targets tg = device_targets(host_targets, ignore_index, hidden.device());
+  Tensor tzt = raw_tangent(row_dot, embedding(weight, tg.safe), tw.defined() ? embedding(tw, tg.safe) : Tensor());
+  if (softcap > 0) tzt = mul(tzt, cap_slope(target_logits(h32, weight, tg, softcap), softcap));
+  return {masked_fill(sub(tlse, tzt), tg.ignored, 0.0f), tlse};
+}
+
+namespace ops {
+
+Tensor linear_cross_entropy(const Tensor& hidden, const Tensor& weight, const Tensor& targets, int ignore_index,
+                            float softcap, int64_t chunk) {
+  auto shapes = [&] {
+    return "hidden " + std::string(dtype_name(hidden.dtype())) + " " + to_string(hidden.shape()) + ", weight " +
+           std::string(dtype_name(weight.dtype())) + " " + to_string(weight.shape()) + ", targets " +
+           std::string(dtype_name(targets.dtype())) + " " + to_string(targets.shape());
+  };
+  if (hidden.ndim() != 2 || weight.ndim() != 2 || !is_float(hidden.dtype()) || !is_float(weight.dtype()) ||
+      hidden.dim(1) != weight.dim(1) || weight.dim(0) == 0)
+    throw ShapeError("linear_cross_entropy: expected float hidden [N, C] and weight [V, C] with V > 0, got " +
+                     shapes());
+  if (targets.dtype() != DType::i32 || targets.ndim() != 1 || targets.dim(0) != hidden.dim(0))
+    throw ShapeError("linear_cross_entropy: targets must be i32 [N] with N = hidden rows, got " + shapes());
+  if (!(softcap >= 0) || !std::isfinite(softcap))
+    throw ShapeError("linear_cross_entropy: softcap must be >= 0 (0 = none), got " + std::to_string(softcap));
+  if (chunk < 0) throw ShapeError("linear_cross_entropy: chunk must be >= 0 (0 = automatic), got " +
+                                  std::to_string(chunk));
+  const int64_t N = hidden.dim(0), V = weight.dim(0);
+  std::vector<int32_t> tv = targets.to_ints();
+  for (size_t i = 0; i < tv.size(); ++i)
+    if (tv[i] != ignore_index && (tv[i] < 0 || tv[i] >= V))
+      throw ShapeError("linear_cross_entropy: target " + std::to_string(tv[i]) + " of row " + std::to_string(i) +
+                       " is outside [0, " + std::to_string(V) + ") (ignore_index " + std::to_string(ignore_index) +
+                       "; " + shapes() + ")");
+  if (chunk == 0) chunk = default_vocab_chunk(N, V);
+  auto prim = std::make_shared<LinearCrossEntropy>(std::move(tv), ignore_index, softcap, std::min(chunk, V));
+  return apply(prim, {hidden, weight, contiguous(targets)}, {{{N}, DType::f32}, {{N}, DType::f32}})[0];
+}
+
+}  // namespace ops
+}  // namespace lmtune

@@ -1,0 +1,47 @@
+// Fused linear + cross-entropy (the language-model loss) over vocabulary chunks: per-row loss of
+// softcap(hidden · weightᵀ) against the targets without ever holding the [N, V] logits, forward or backward.
+//
+// A composite primitive: its forward, vjp and jvp are written with other ops (matmul on a slice of the weight,
+// logsumexp, the CrossEntropyGrad kernel with chunk-local targets, ...), so it runs on every backend as it is.
+// eval_cpu and eval_vulkan are therefore defined here, both as the same chunked computation.
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "core/primitive.h"
+
+namespace lmtune {
+
+// Inputs: hidden [N, C] (any float dtype), weight [V, C] (any float dtype), targets i32 [N].
+// Outputs: loss f32 [N] (0 where target == ignore_index) and lse f32 [N] (log-sum-exp of each row's logits,
+// kept for the backward; the op function returns only the loss). Logits are f32: hidden is widened, the
+// product accumulates in f32; with softcap > 0 they are softcap · tanh(logits / softcap).
+// Saved for the vjp: the inputs (hidden, the weight — a view, not a copy — and targets) and lse.
+class LinearCrossEntropy final : public Primitive {
+ public:
+  LinearCrossEntropy(std::vector<int32_t> host_targets, int ignore_index, float softcap, int64_t chunk)
+      : host_targets(std::move(host_targets)), ignore_index(ignore_index), softcap(softcap), chunk(chunk) {}
+  const char* name() const override { return "linear_cross_entropy"; }
+  void eval_cpu(const std::vector<Tensor>& in, std::vector<Tensor>& out) override { forward(in, out); }
+  void eval_vulkan(const std::vector<Tensor>& in, std::vector<Tensor>& out) override { forward(in, out); }
+  bool has_vjp() const override { return true; }
+  bool has_jvp() const override { return true; }
+  bool vjp_needs_inputs() const override { return true; }
+  bool vjp_needs_outputs() const override { return true; }
+  std::vector<Tensor> vjp(const Node& node, const std::vector<Tensor>& cot, const std::vector<bool>& wanted) override;
+  std::vector<Tensor> jvp(const Node& node, const std::vector<Tensor>& t) override;
+
+  std::vector<int32_t> host_targets;  // the targets on the host (validated by the op function; N ints)
+  int ignore_index;
+  float softcap;  // 0: none
+  int64_t chunk;  // vocabulary rows per chunk (> 0)
+
+ private:
+  void forward(const std::vector<Tensor>& in, std::vector<Tensor>& out);
+};
+
+// Vocabulary rows per chunk when the caller leaves it to the op: at most ~128 MiB of f32 logits per chunk
+// (N rows × chunk), a multiple of 64 when that large, and never more than V.
+int64_t default_vocab_chunk(int64_t rows, int64_t vocab);
+
+}  // namespace lmtune
