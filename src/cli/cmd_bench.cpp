@@ -1,7 +1,7 @@
 // `lmtune bench ops`: throughput of the kernels that dominate fine-tuning on the chosen device -- TFLOP/s of
 // matmul at square and LLM shapes, GB/s of the memory-bound ops. Vulkan times are GPU timestamps summed over
 // the op's dispatches (the runtime's profiler); CPU times are wall clock around the op plus a synchronize.
-// Each figure is the median of --reps runs after a warm-up of >= 0.3 s per op (the first use of a pipeline
+// Each figure is the median of --reps runs after a warm-up of --warmup seconds (default 1) per op (the first use of a pipeline
 // compiles it, up to 2 s on NVIDIA, and the clocks drop meanwhile).
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
@@ -30,6 +30,7 @@ namespace {
 struct BenchOptions {
   bool json = false;
   bool profile = false;
+  double warmup_s = 1.0;       // warm-up per op, seconds
   bool stream = false;         // time reps back-to-back calls by wall clock (one synchronize) instead
   std::string sizes = "auto";  // auto | small | full
   std::string shapes;          // MxNxK[,MxNxK...] replaces the matmul shapes
@@ -48,13 +49,14 @@ struct Result {
 using Clock = std::chrono::steady_clock;
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
-bool g_stream = false;  // --stream
+bool g_stream = false;     // --stream
+double g_warmup_s = 1.0;   // --warmup: the GPU's clock takes a while to come up after host-side gaps
 
 // Median time of fn in ms after warming up (--stream: mean wall time of reps calls queued back to back).
 double time_op(const std::function<Tensor()>& fn, Device dev, int reps) {
   Backend& be = backend(dev);
   auto t0 = Clock::now();
-  for (int i = 0; i < 2000 && (i < 2 || seconds_since(t0) < 0.3); ++i) {
+  for (int i = 0; i < 20000 && (i < 2 || seconds_since(t0) < g_warmup_s); ++i) {
     fn();
     if (i % 8 == 7) be.synchronize();  // keep the queue from running far ahead of the clock
   }
@@ -240,6 +242,7 @@ void run_bench_ops(const std::string& device_opt, const BenchOptions& o) {
   }
   std::string desc = device_description(dev);
   g_stream = o.stream;
+  g_warmup_s = o.warmup_s;
   if (!o.json) {
     std::printf("lmtune bench ops on %s (%s sizes, median of %d, %s)\n", desc.c_str(), small ? "small" : "full",
                 o.reps, o.stream ? "back to back, wall clock" : dev.is_vulkan() ? "GPU timestamps" : "wall clock");
@@ -291,6 +294,7 @@ void add_bench_command(CLI::App& app, const std::string& device) {
   ops_cmd->add_option("--shapes", o->shapes, "Matmul shapes MxNxK[,MxNxK...] (f16 and f32)");
   ops_cmd->add_option("--ops", o->only, "Comma list of ops to run (matmul,add,mul,silu,copy,cast,rms_norm,softmax,sum)");
   ops_cmd->add_option("--reps", o->reps, "Timed repetitions per op (median)")->check(CLI::Range(1, 1000));
+  ops_cmd->add_option("--warmup", o->warmup_s, "Seconds of warm-up per op (default 1)")->check(CLI::Range(0.0, 60.0));
   ops_cmd->add_flag("--stream", o->stream, "Time --reps calls queued back to back (wall clock, one synchronize)");
   ops_cmd->add_flag("--profile", o->profile, "Also print the per-kernel GPU profile (Vulkan)");
   ops_cmd->callback([&device, o] { run_bench_ops(device, *o); });

@@ -123,7 +123,8 @@ Block* Allocator::new_block(VkDeviceSize size, bool dedicated, std::string& why)
   }
   check(vkBindBufferMemory(ctx_.device(), b->buffer, b->memory, 0), "vkBindBufferMemory");
   VkMemoryPropertyFlags flags = ctx_.memory_properties().memoryTypes[type].propertyFlags;
-  if ((flags & VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT) && (flags & VK_MEMORY_PROPERTY_HOST_COHERENT_BIT)) {
+  if ((flags & VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT) && (flags & VK_MEMORY_PROPERTY_HOST_COHERENT_BIT) &&
+      ctx_.features().host_mapping) {
     void* p = nullptr;
     if (vkMapMemory(ctx_.device(), b->memory, 0, VK_WHOLE_SIZE, 0, &p) == VK_SUCCESS) b->mapped = static_cast<char*>(p);
   }
@@ -194,6 +195,15 @@ bool Allocator::try_allocate(size_t bytes, Allocation& out, std::string& why) {
 
 void Allocator::release(const Allocation& a, size_t bytes, uint64_t after_serial) {
   in_use_ -= bytes;
+  // Memory that only the GPU touches is reusable at once: later work is recorded on the same queue, and the
+  // recorder orders it after earlier readers and writers of the range (a barrier within a batch, the barrier
+  // that opens every batch across batches). Mapped memory waits for the work that uses it to finish, because the
+  // host may write a new tensor there directly (Recorder::write).
+  if (!a.block->mapped) {
+    free_range(a.block, a.offset, a.size);
+    a.block->busy_until = std::max(a.block->busy_until, after_serial);  // not given back before then
+    return;
+  }
   pending_.push_back({a, after_serial});
 }
 
@@ -215,32 +225,31 @@ void Allocator::free_range(Block* b, VkDeviceSize offset, VkDeviceSize size) {
 }
 
 void Allocator::collect(uint64_t completed_serial) {
-  bool freed = false;
   for (size_t i = 0; i < pending_.size();) {
     if (pending_[i].serial <= completed_serial) {
       free_range(pending_[i].a.block, pending_[i].a.offset, pending_[i].a.size);
       pending_[i] = pending_.back();
       pending_.pop_back();
-      freed = true;
     } else {
       ++i;
     }
   }
-  if (!freed) return;
-  // Keep one empty regular block as a spare and up to kKeepDedicated empty dedicated blocks (reused by requests
+  trim(completed_serial);
+}
+
+void Allocator::trim(uint64_t completed_serial) {
+  // Keep kKeepEmpty empty regular blocks as spares and up to kKeepEmpty empty dedicated blocks (reused by requests
   // of about their size; given back when an allocation would otherwise fail); give the rest back.
-  constexpr int kKeepDedicated = 2;
-  bool spare = false;
-  int kept = 0;
+  constexpr int kKeepEmpty = 2;
+  int spare = 0, kept = 0;
   for (size_t i = 0; i < blocks_.size();) {
     Block* b = blocks_[i].get();
-    if (b->used == 0 && (b->dedicated ? kept >= kKeepDedicated : spare)) {
+    if (b->used == 0 && b->busy_until <= completed_serial && (b->dedicated ? kept : spare) >= kKeepEmpty) {
       destroy_block(b);
       blocks_.erase(blocks_.begin() + long(i));
       continue;
     }
-    if (b->used == 0 && b->dedicated) ++kept;
-    else if (b->used == 0) spare = true;
+    if (b->used == 0) ++(b->dedicated ? kept : spare);
     ++i;
   }
 }
@@ -249,7 +258,7 @@ bool Allocator::release_empty_dedicated() {
   bool any = false;
   for (size_t i = 0; i < blocks_.size();) {
     Block* b = blocks_[i].get();
-    if (b->dedicated && b->used == 0) {
+    if (b->dedicated && b->used == 0 && b->busy_until <= ctx_.recorder().completed_serial()) {
       destroy_block(b);
       blocks_.erase(blocks_.begin() + long(i));
       any = true;

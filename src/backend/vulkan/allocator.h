@@ -25,6 +25,7 @@ struct Block {
   bool dedicated = false;
   std::map<VkDeviceSize, VkDeviceSize> free;  // offset -> size, non-adjacent (coalesced)
   VkDeviceSize used = 0;
+  uint64_t busy_until = 0;  // serial of the last submission that may use memory freed in it (see release)
 };
 
 // A range of a block. `offset` is a multiple of 256 (>= minStorageBufferOffsetAlignment on every device).
@@ -82,6 +83,7 @@ class Allocator {
   Block* new_block(VkDeviceSize size, bool dedicated, std::string& why);
   // Gives back the empty dedicated blocks kept for reuse; true if there were any.
   bool release_empty_dedicated();
+  void trim(uint64_t completed_serial);  // gives back idle empty blocks beyond a few spares
   void destroy_block(Block* b);
   void free_range(Block* b, VkDeviceSize offset, VkDeviceSize size);
 

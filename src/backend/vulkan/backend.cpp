@@ -51,9 +51,10 @@ class VulkanBackend final : public Backend {
     Allocator& al = ctx_->allocator();
     Recorder& rec = ctx_->recorder();
     if (!al.try_allocate(bytes, a, why)) {
-      // Memory freed by tensors whose last kernels are still queued comes back once they finish.
+      // Memory freed by tensors whose last kernels are still queued comes back once they finish (mapped memory;
+      // empty blocks are given back to the driver only once idle).
       rec.poll();
-      if (!al.try_allocate(bytes, a, why) && al.has_pending()) {
+      if (!al.try_allocate(bytes, a, why)) {
         rec.wait_all();
         if (!al.try_allocate(bytes, a, why)) a.block = nullptr;
       }

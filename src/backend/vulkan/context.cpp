@@ -331,6 +331,7 @@ Context::Context(int index) : index_(index) {
   f.atomic_float_add = has_extension(q.exts, "VK_EXT_shader_atomic_float") && q.af.shaderBufferFloat32AtomicAdd &&
                        !disabled("atomic_float");
   f.cooperative_matrix = q.coopmat();
+  f.host_mapping = !disabled("host_mapping");
 
   VkPhysicalDeviceFeatures2 e2{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2};
   e2.features.shaderInt16 = f.int16;

@@ -42,6 +42,7 @@ struct Features {
   bool atomic_float_add = false;    // VK_EXT_shader_atomic_float shaderBufferFloat32AtomicAdd
   bool subgroup_size_control = false;
   bool timestamps = false;          // compute queue supports timestamp queries
+  bool host_mapping = true;         // host-visible device memory is mapped (off: every transfer is staged)
   uint32_t timestamp_bits = 0;
   uint32_t subgroup_size = 0;
 };
