@@ -36,22 +36,28 @@ StepResult train_step(const models::Decoder& model, Optimizer& opt, LossScaler& 
   // step's loss and gradient are those of one big batch, however the tokens fall into micro-batches.
   const double loss_scale = scaler.enabled ? scaler.scale : 1.0;
   const float weight = float(loss_scale / double(r.trainable_tokens));
-  double loss_sum = 0;
+  // The host reads the micro-batches' losses only after recording every backward pass: no wait for the GPU in
+  // the middle of a step. A non-finite loss then skips the step as before (its gradients are discarded).
+  std::vector<Tensor> sums;
   for (size_t i = 0; i < micro.size(); ++i) {
     if (micro[i].trainable_tokens == 0) continue;
     std::unique_ptr<models::LoraDropoutScope> dropout;
     if (o.dropout) dropout = std::make_unique<models::LoraDropoutScope>(o.seed, uint64_t(o.step), uint64_t(i));
     Tensor sum = batch_loss_sum(model, micro[i], o.checkpoint_layers);
-    const double value = sum.item();
+    backward(ops::scale(sum, weight));
+    sums.push_back(sum.detach());
+  }
+  double loss_sum = 0;
+  for (size_t i = 0; i < sums.size(); ++i) {
+    const double value = sums[i].item();
     if (!std::isfinite(value)) {
       r.loss = value;
       r.skip_reason = "loss is " + std::string(std::isnan(value) ? "NaN" : "Inf") + " in micro-batch " +
-                      std::to_string(i + 1) + " of " + std::to_string(micro.size());
+                      std::to_string(i + 1) + " of " + std::to_string(sums.size());
       opt.zero_grad();
-      return r;  // the graph is released with `sum`
+      return r;
     }
     loss_sum += value;
-    backward(ops::scale(sum, weight));
   }
   r.loss = loss_sum / double(r.trainable_tokens);
   r.grad_norm = opt.grad_norm(loss_scale);
