@@ -3,6 +3,8 @@
 // KV-cache decode / sliding window / softcap / packed documents / padded keys / fully masked rows, f32 and bf16,
 // head dims 64, 80 (the 128 class) and 256. bf16 runs are checked against the f32 reference on the same
 // (bf16-valued) inputs: the fused kernels accumulate in f32, so only the final rounding differs.
+#include <limits>
+
 #include "core/autodiff.h"
 #include "core/error.h"
 #include "core/ops/flash_attention.h"
@@ -159,6 +161,17 @@ TEST_P(OpTest, FlashAttentionLseGradientAndJvp) {
   V ts{tq, tk, tv};
   for (size_t a = 0; a < 3; ++a) vj += ops::sum_all(ops::mul(grads[a], ts[a])).item();
   EXPECT_NEAR(jv, vj, 1e-4 * (1 + std::abs(vj)));
+}
+
+// No keys at all (S = 0): every row sees nothing, so O is 0, LSE -inf and dQ 0.
+TEST_P(OpTest, FlashAttentionWithoutKeys) {
+  Tensor q = make_input({1, 3, 2, 8}, DType::f32, dev(), 81);
+  Tensor kv = Tensor::zeros({1, 0, 1, 8}, DType::f32, dev());
+  auto [o, lse] = ops::flash_attention(q, kv, kv, {});
+  for (double x : o.to_doubles()) EXPECT_EQ(x, 0.0);
+  for (double x : lse.to_doubles()) EXPECT_EQ(x, -std::numeric_limits<double>::infinity());
+  V g = value_and_grad([&](const V& in) { return V{ops::sum_all(ops::flash_attention(in[0], kv, kv, {}).first)}; })({q}).second;
+  for (double x : g[0].to_doubles()) EXPECT_EQ(x, 0.0);
 }
 
 TEST_P(OpTest, FlashAttentionErrors) {

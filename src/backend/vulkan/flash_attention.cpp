@@ -49,8 +49,9 @@ void rows_of(const Tensor& t, uint32_t& off, uint32_t& sb, uint32_t& st, const c
   off = elem_offset(t);
   sb = u32(t.strides()[0], "batch stride");
   st = u32(t.strides()[1], "time stride");
-  u32(t.offset() + (t.dim(0) - 1) * t.strides()[0] + (t.dim(1) - 1) * t.strides()[1] + t.dim(2) * t.dim(3),
-      "attention operand extent");
+  if (t.numel() > 0)
+    u32(t.offset() + (t.dim(0) - 1) * t.strides()[0] + (t.dim(1) - 1) * t.strides()[1] + t.dim(2) * t.dim(3),
+        "attention operand extent");
 }
 
 // The push block shared by the three attention kernels; masks[0..1] are the doc_ids / key_mask inputs (if any).
