@@ -34,6 +34,7 @@ layout(push_constant) uniform Push {
   uint q_off, q_sb, q_st, k_off, k_sb, k_st, v_off, v_sb, v_st, x_off, x_sb, x_st;  // element offset, batch and time strides
   uint lse_off, delta_off, docs_off, keys_off, y_off, z_off;
   uint dtypes;  // q | k << 4 | v << 8 | dO << 12 | Y << 16 | Z << 20
+  uint splits;  // forward: key-range splits per row block (1 = none; else Y, LSE are f32 partials per split)
 } p;
 
 #define NEG_INF uintBitsToFloat(0xff800000u)

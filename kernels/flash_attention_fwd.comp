@@ -3,6 +3,9 @@
 // workgroup per (block of BR rows, kv head, batch); it walks the key blocks its rows can see (causal / window
 // bounds skip the rest) in tiles of BC keys: S = Q K^T (a TR x TC register tile per invocation), the row maxima,
 // P = exp(S - m), then O = alpha O + P V (an AR x AD register tile per invocation). Built per DMAX (variants.txt).
+// When few workgroups would run (decoding: T = 1), the key range is cut into p.splits parts, one workgroup each
+// (grid z = batch * splits); each writes its normalized partial O and LSE in f32 and
+// flash_attention_combine.comp merges them.
 #extension GL_EXT_control_flow_attributes : enable
 #include "flash_attention.glsl"
 
@@ -43,7 +46,8 @@ shared int key_doc[BC];
 
 void main() {
   const uint tid = gl_LocalInvocationIndex;
-  const uint b = gl_WorkGroupID.z, kv = gl_WorkGroupID.y, r0 = gl_WorkGroupID.x * BR;
+  const uint b = gl_WorkGroupID.z / p.splits, split = gl_WorkGroupID.z % p.splits;
+  const uint kv = gl_WorkGroupID.y, r0 = gl_WorkGroupID.x * BR;
   const uint G = p.H / p.KV, rows = p.T * G;
   const uint sx = tid % SX, sy = tid / SX, ax = tid % AX, ay = tid / AX;
   const bool s_active = sy < SY;
@@ -60,7 +64,16 @@ void main() {
     m_s[tid] = NEG_INF;
     l_s[tid] = 0.0;
   }
-  const ivec2 keys = key_range(r0 / G, (min(r0 + BR, rows) - 1u) / G);
+  ivec2 keys = key_range(r0 / G, (min(r0 + BR, rows) - 1u) / G);
+  if (p.splits > 1u) {  // this workgroup's part of the key range, in whole key blocks
+    int chunk = int((uint(keys.y - keys.x) + p.splits - 1u) / p.splits + BC - 1u) / int(BC) * int(BC);
+    int lo = min(keys.x + int(split) * chunk, keys.y);
+    keys = ivec2(lo, min(keys.y, lo + chunk));
+  }
+  // Where this workgroup's outputs go: O and LSE, or its split's f32 partials.
+  const uint batches = gl_NumWorkGroups.z / p.splits;
+  const uint y_base = p.y_off + split * batches * p.T * p.H * p.D;
+  const uint lse_base = p.lse_off + split * batches * p.H * p.T;
 
   float o[AR][AD];
   [[unroll]] for (uint i = 0; i < AR; ++i) [[unroll]] for (uint j = 0; j < AD; ++j) o[i][j] = 0.0;
@@ -142,12 +155,12 @@ void main() {
     uint at = bth(b, row / G, kv * G + row % G, p.H, p.T);
     [[unroll]] for (uint j = 0; j < AD; ++j) {
       uint d = ax + j * AX;
-      if (d < p.D) Y_st(dt(4), p.y_off + at + d, o[i][j] * inv);
+      if (d < p.D) Y_st(dt(4), y_base + at + d, o[i][j] * inv);
     }
   }
   if (tid < BR && r0 + tid < rows) {
     uint row = r0 + tid;
     float l = l_s[tid];
-    ST_F32(LSE, p.lse_off + bht(b, kv * G + row % G, row / G), l > 0.0 ? m_s[tid] + log(l) : NEG_INF);
+    ST_F32(LSE, lse_base + bht(b, kv * G + row % G, row / G), l > 0.0 ? m_s[tid] + log(l) : NEG_INF);
   }
 }

@@ -63,6 +63,8 @@ TEST_P(OpTest, FlashAttentionMatchesReference) {
       {"full_gqa", 1, 37, 37, 6, 2, 64, false},
       {"decode_kv_cache", 2, 1, 41, 6, 2, 64, true, 0, 0, 40, false, 3, true},
       {"prefill_kv_cache", 1, 5, 41, 4, 2, 64, true, 0, 0, 36, false, 0, true},
+      {"decode_long_split", 2, 1, 300, 6, 2, 64, true, 0, 0, 299, false, 7, true},  // Vulkan: split key range
+      {"decode_long_window_split", 1, 1, 300, 4, 1, 128, true, 100, 0, 299},
       {"window", 1, 37, 37, 4, 2, 64, true, 8},
       {"softcap_full", 1, 21, 29, 4, 1, 64, false, 0, 5.0f},
       {"docs", 2, 37, 37, 2, 1, 64, true, 0, 0, 0, true},

@@ -1,7 +1,9 @@
 // Vulkan kernels of the fused attention (core/ops/flash_attention.h): kernels/flash_attention_fwd.comp, the
 // backward's delta pre-pass (flash_attention_bwd_delta.comp), dQ (flash_attention_bwd_dq.comp) and dK/dV
-// (flash_attention_bwd_dkdv.comp); shared code in kernels/flash_attention.glsl. Each attention kernel is built
+// (flash_attention_bwd_dkdv.comp), and the merge of a split forward pass (flash_attention_combine.comp); shared
+// code in kernels/flash_attention.glsl. Each attention kernel is built
 // per head-dim class (D <= 64, 128, 256) with block sizes that keep its shared memory under 32 KiB.
+#include <algorithm>
 #include <string>
 
 #include "backend/vulkan/kernel_util.h"
@@ -19,8 +21,21 @@ struct FlashPush {
   uint32_t q_off, q_sb, q_st, k_off, k_sb, k_st, v_off, v_sb, v_st, x_off, x_sb, x_st;
   uint32_t lse_off, delta_off, docs_off, keys_off, y_off, z_off;
   uint32_t dtypes;
+  uint32_t splits = 1;
 };
 static_assert(sizeof(FlashPush) <= 128);
+
+struct CombinePush {
+  uint32_t n, T, H, D, splits, part_off, plse_off, o_off, lse_off, o_dtype;
+};
+
+// Key-range splits of the forward pass: when the (row block, kv head, batch) workgroups are too few to fill a GPU
+// (decoding: T = 1 gives one row block), each one's keys are cut into up to 16 parts of at least 2 key blocks,
+// run by separate workgroups and merged by flash_attention_combine.
+uint32_t forward_splits(uint32_t workgroups, uint32_t key_blocks) {
+  if (workgroups >= 64 || key_blocks < 4) return 1;
+  return std::min<uint32_t>({16, ceil_div(128, workgroups), key_blocks / 2});
+}
 
 struct DeltaPush {
   uint32_t n, T, H, D, o_off, x_off, x_sb, x_st, dlse_off, delta_off, dtypes;
@@ -106,18 +121,31 @@ void FlashAttention::eval_vulkan(const std::vector<Tensor>& ins, std::vector<Ten
   Context& ctx = context_for(outs[0].device());
   const std::string cls = head_dim_class(ctx, p.D);
   const Tensor &q = ins[0], &k = ins[1], &v = ins[2];
+  Tensor &o = outs[0], &lse = outs[1];
   std::vector<Tensor> masks = mask_inputs(p, ins, 3);
   FlashPush f = make_push(p, q, k, v, masks);
-  f.lse_off = elem_offset(outs[1]);
-  f.y_off = elem_offset(outs[0]);
-  f.dtypes |= uint32_t(outs[0].dtype()) << 16;
-  const uint32_t br = p.D <= 64 ? 32 : p.D <= 128 ? 32 : 16;  // BR of flash_attention_fwd.comp
-  const uint32_t blocks = ceil_div(uint64_t(p.T * p.G()), br);
+  const uint32_t br = p.D <= 64 ? 32 : 16 * (p.D <= 128 ? 2 : 1), bc = p.D <= 64 ? 32 : p.D <= 128 ? 16 : 8;
+  const uint32_t blocks = ceil_div(uint64_t(p.T * p.G()), br), batch = u32(p.B, "batch");
   check_grid(blocks, "query");
+  f.splits = p.D > 0 ? forward_splits(blocks * f.KV * batch, ceil_div(uint64_t(p.S), bc)) : 1;
+  check_grid(batch * f.splits, "batch");
+  // Split passes write f32 partials [splits, B, T, H, D] and [splits, B, H, T], merged afterwards.
+  Tensor part = f.splits > 1 ? Tensor::empty({int64_t(f.splits), p.B, p.T, p.H, p.D}, DType::f32, o.device()) : o;
+  Tensor plse = f.splits > 1 ? Tensor::empty({int64_t(f.splits), p.B, p.H, p.T}, DType::f32, o.device()) : lse;
+  f.lse_off = elem_offset(plse);
+  f.y_off = elem_offset(part);
+  f.dtypes |= uint32_t(part.dtype()) << 16;
   auto [docs, keys] = mask_bindings(p, masks, q);
   ctx.dispatch(variant(ctx, "flash_attention_fwd" + cls),
-               {in(q), in(k), in(v), in(q), out(outs[1]), in(q), docs, keys, out(outs[0]), in(q)}, f,
-               {blocks, f.KV, u32(p.B, "batch")});
+               {in(q), in(k), in(v), in(q), out(plse), in(q), docs, keys, out(part), in(q)}, f,
+               {blocks, f.KV, batch * f.splits});
+  if (f.splits > 1) {
+    CombinePush c{u32(o.numel(), "output size"), f.T, f.H, f.D, f.splits, elem_offset(part), elem_offset(plse),
+                  elem_offset(o), elem_offset(lse), uint32_t(o.dtype())};
+    u32(part.numel(), "split partials");
+    ctx.dispatch(variant(ctx, "flash_attention_combine"), {in(part), in(plse), out(o), out(lse)}, c,
+                 groups_1d(c.n, 256), {256});
+  }
 }
 
 void FlashAttentionBackward::eval_vulkan(const std::vector<Tensor>& ins, std::vector<Tensor>& outs) {
