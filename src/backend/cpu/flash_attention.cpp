@@ -2,7 +2,10 @@
 // blocks of kRows rows x kKeys keys; the backward pass recomputes P from the saved LSE (FlashAttention-2) in two
 // passes with one writer per output element, dQ over row blocks and dK/dV over key blocks, so results are
 // deterministic and need no atomics. Rows are (query t, head g of a kv group) pairs, row = t * G + g, so the G
-// query heads of a kv head share each K/V tile. All math is f32; the largest buffer is one [kRows, kKeys] block.
+// query heads of a kv head share each K/V tile. All math is f32 (block products through OpenBLAS); the largest
+// buffer is one [kRows, kKeys] block.
+#include <cblas.h>
+
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -81,52 +84,32 @@ struct RowBlock {
   }
 };
 
-// Keys [j0, j0 + nc) of (b, kv): row-major [nc][D] and transposed [D][kKeys].
-void load_keys(const Heads& x, int64_t b, int64_t kv, int64_t j0, int64_t nc, float* rows, float* cols) {
-  const int64_t D = x.D;
-  for (int64_t c = 0; c < nc; ++c) {
-    x.load(b, j0 + c, kv, rows + c * D);
-    for (int64_t d = 0; d < D; ++d) cols[d * kKeys + c] = rows[c * D + d];
-  }
+// Keys [j0, j0 + nc) of (b, kv) as f32 rows [nc][D].
+void load_keys(const Heads& x, int64_t b, int64_t kv, int64_t j0, int64_t nc, float* rows) {
+  for (int64_t c = 0; c < nc; ++c) x.load(b, j0 + c, kv, rows + c * x.D);
 }
 
-// out[r][c] = a_r · bt[:, c] for r < n, c < nc (a [n][D], bt [D][kKeys], out [n][kKeys]); vectorizes over c.
-void dots(const float* a, const float* bt, int64_t n, int64_t nc, int64_t D, float* out) {
-  for (int64_t r = 0; r < n; ++r) {
-    float* o = out + r * kKeys;
-    std::fill(o, o + nc, 0.0f);
-    for (int64_t d = 0; d < D; ++d) {
-      const float ad = a[r * D + d];
-      const float* bd = bt + d * kKeys;
-      for (int64_t c = 0; c < nc; ++c) o[c] += ad * bd[c];
-    }
-  }
+// The block products, as small single-threaded GEMMs (OpenBLAS; deterministic for fixed sizes).
+// out [n][kKeys] = a [n][D] · keys [nc][D]ᵀ.
+void dots(const float* a, const float* keys, int64_t n, int64_t nc, int64_t D, float* out) {
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(n), int(nc), int(D), 1.0f, a, int(D), keys, int(D), 0.0f,
+              out, int(kKeys));
 }
-
-// acc[r] += Σ_c w[r][c] x[c] (w [n][kKeys], x [nc][D], acc [n][D]).
+// acc [n][D] += w [n][kKeys] · x [nc][D].
 void weighted_rows(const float* w, const float* x, int64_t n, int64_t nc, int64_t D, float* acc) {
-  for (int64_t r = 0; r < n; ++r)
-    for (int64_t c = 0; c < nc; ++c) {
-      const float wc = w[r * kKeys + c];
-      if (wc == 0.0f) continue;
-      for (int64_t d = 0; d < D; ++d) acc[r * D + d] += wc * x[c * D + d];
-    }
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, int(n), int(D), int(nc), 1.0f, w, int(kKeys), x, int(D),
+              1.0f, acc, int(D));
 }
-
-// acc[c] += Σ_r w[r][c] x[r] (the transposed product: key rows gather from query rows).
+// acc [nc][D] += w [n][kKeys]ᵀ · x [n][D] (key rows gather from query rows).
 void weighted_cols(const float* w, const float* x, int64_t n, int64_t nc, int64_t D, float* acc) {
-  for (int64_t c = 0; c < nc; ++c)
-    for (int64_t r = 0; r < n; ++r) {
-      const float wc = w[r * kKeys + c];
-      if (wc == 0.0f) continue;
-      for (int64_t d = 0; d < D; ++d) acc[c * D + d] += wc * x[r * D + d];
-    }
+  cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, int(nc), int(D), int(n), 1.0f, w, int(kKeys), x, int(D),
+              1.0f, acc, int(D));
 }
 
-// Scores of a block: s = scale q kᵀ (q [n][D], kt [D][kKeys]), soft-capped, -inf where masked.
-void block_scores(const Problem& P, int64_t b, const RowBlock& rb, const float* q, const float* kt, int64_t j0,
+// Scores of a block: s = scale q kᵀ (q [n][D], k [nc][D]), soft-capped, -inf where masked.
+void block_scores(const Problem& P, int64_t b, const RowBlock& rb, const float* q, const float* k, int64_t j0,
                   int64_t nc, float* s) {
-  dots(q, kt, rb.n, nc, P.a.D, s);
+  dots(q, k, rb.n, nc, P.a.D, s);
   const float scale = P.a.scale, cap = P.a.softcap;
   for (int64_t r = 0; r < rb.n; ++r)
     for (int64_t c = 0; c < nc; ++c) {
@@ -171,7 +154,7 @@ void FlashAttention::eval_cpu(const std::vector<Tensor>& in, std::vector<Tensor>
   const int64_t D = p.D, rows = p.T * p.G(), nblocks = row_blocks(p);
   float* lse = cpu::data<float>(out[1]);
   cpu::parallel_for(p.B * p.KV * nblocks, 1, [&](int64_t w0, int64_t w1) {
-    Buf qf = buf(kRows * D), kf = buf(kKeys * D), kt = buf(D * kKeys), vf = buf(kKeys * D), s = buf(kRows * kKeys);
+    Buf qf = buf(kRows * D), kf = buf(kKeys * D), vf = buf(kKeys * D), s = buf(kRows * kKeys);
     Buf acc = buf(kRows * D), m = buf(kRows), l = buf(kRows);
     for (int64_t w = w0; w < w1; ++w) {
       const int64_t b = w / (p.KV * nblocks), kv = w / nblocks % p.KV, r0 = w % nblocks * kRows;
@@ -183,9 +166,9 @@ void FlashAttention::eval_cpu(const std::vector<Tensor>& in, std::vector<Tensor>
       auto [j0, j1] = P.keys_for(rb.t[0], rb.t[rb.n - 1]);
       for (int64_t jb = j0; jb < j1; jb += kKeys) {
         const int64_t nc = std::min(kKeys, j1 - jb);
-        load_keys(k, b, kv, jb, nc, kf.data(), kt.data());
-        for (int64_t c = 0; c < nc; ++c) v.load(b, jb + c, kv, vf.data() + c * D);
-        block_scores(P, b, rb, qf.data(), kt.data(), jb, nc, s.data());
+        load_keys(k, b, kv, jb, nc, kf.data());
+        load_keys(v, b, kv, jb, nc, vf.data());
+        block_scores(P, b, rb, qf.data(), kf.data(), jb, nc, s.data());
         // Online softmax: rescale what the row has so far to the new running max, then add this block.
         for (int64_t r = 0; r < rb.n; ++r) {
           float* sr = s.data() + r * kKeys;
@@ -239,8 +222,8 @@ void FlashAttentionBackward::eval_cpu(const std::vector<Tensor>& in, std::vector
 
   // dQ: one task per row block, over the key blocks its rows see.
   cpu::parallel_for(p.B * p.KV * nblocks, 1, [&](int64_t w0, int64_t w1) {
-    Buf qf = buf(kRows * D), dof = buf(kRows * D), kf = buf(kKeys * D), kt = buf(D * kKeys), vf = buf(kKeys * D);
-    Buf vt = buf(D * kKeys), s = buf(kRows * kKeys), dp = buf(kRows * kKeys), dq = buf(kRows * D);
+    Buf qf = buf(kRows * D), dof = buf(kRows * D), kf = buf(kKeys * D), vf = buf(kKeys * D);
+    Buf s = buf(kRows * kKeys), dp = buf(kRows * kKeys), dq = buf(kRows * D);
     float lse_r[kRows], delta_r[kRows];
     for (int64_t w = w0; w < w1; ++w) {
       const int64_t b = w / (p.KV * nblocks), kv = w / nblocks % p.KV, r0 = w % nblocks * kRows;
@@ -255,10 +238,10 @@ void FlashAttentionBackward::eval_cpu(const std::vector<Tensor>& in, std::vector
       auto [j0, j1] = P.keys_for(rb.t[0], rb.t[rb.n - 1]);
       for (int64_t jb = j0; jb < j1; jb += kKeys) {
         const int64_t nc = std::min(kKeys, j1 - jb);
-        load_keys(k, b, kv, jb, nc, kf.data(), kt.data());
-        load_keys(v, b, kv, jb, nc, vf.data(), vt.data());
-        block_scores(P, b, rb, qf.data(), kt.data(), jb, nc, s.data());
-        dots(dof.data(), vt.data(), rb.n, nc, D, dp.data());
+        load_keys(k, b, kv, jb, nc, kf.data());
+        load_keys(v, b, kv, jb, nc, vf.data());
+        block_scores(P, b, rb, qf.data(), kf.data(), jb, nc, s.data());
+        dots(dof.data(), vf.data(), rb.n, nc, D, dp.data());
         block_grads(P, rb, lse_r, delta_r, nc, s.data(), dp.data());
         weighted_rows(dp.data(), kf.data(), rb.n, nc, D, dq.data());
       }
@@ -269,14 +252,14 @@ void FlashAttentionBackward::eval_cpu(const std::vector<Tensor>& in, std::vector
   // dK, dV: one task per key block, over the row blocks (all G heads of the kv group) that see it.
   const int64_t kblocks = (p.S + kKeys - 1) / kKeys;
   cpu::parallel_for(p.B * p.KV * kblocks, 1, [&](int64_t w0, int64_t w1) {
-    Buf qf = buf(kRows * D), dof = buf(kRows * D), kf = buf(kKeys * D), kt = buf(D * kKeys), vf = buf(kKeys * D);
-    Buf vt = buf(D * kKeys), s = buf(kRows * kKeys), dp = buf(kRows * kKeys), dk = buf(kKeys * D), dv = buf(kKeys * D);
+    Buf qf = buf(kRows * D), dof = buf(kRows * D), kf = buf(kKeys * D), vf = buf(kKeys * D);
+    Buf s = buf(kRows * kKeys), dp = buf(kRows * kKeys), dk = buf(kKeys * D), dv = buf(kKeys * D);
     float lse_r[kRows], delta_r[kRows];
     for (int64_t w = w0; w < w1; ++w) {
       const int64_t b = w / (p.KV * kblocks), kv = w / kblocks % p.KV, jb = w % kblocks * kKeys;
       const int64_t nc = std::min(kKeys, p.S - jb);
-      load_keys(k, b, kv, jb, nc, kf.data(), kt.data());
-      load_keys(v, b, kv, jb, nc, vf.data(), vt.data());
+      load_keys(k, b, kv, jb, nc, kf.data());
+      load_keys(v, b, kv, jb, nc, vf.data());
       std::fill(dk.begin(), dk.end(), 0.0f);
       std::fill(dv.begin(), dv.end(), 0.0f);
       auto [t0, t1] = P.queries_for(jb, jb + nc - 1);
@@ -288,8 +271,8 @@ void FlashAttentionBackward::eval_cpu(const std::vector<Tensor>& in, std::vector
         }
         gather_rows(lse, P, b, rb, lse_r);
         gather_rows(delta.data(), P, b, rb, delta_r);
-        block_scores(P, b, rb, qf.data(), kt.data(), jb, nc, s.data());
-        dots(dof.data(), vt.data(), rb.n, nc, D, dp.data());
+        block_scores(P, b, rb, qf.data(), kf.data(), jb, nc, s.data());
+        dots(dof.data(), vf.data(), rb.n, nc, D, dp.data());
         block_grads(P, rb, lse_r, delta_r, nc, s.data(), dp.data());
         weighted_cols(s.data(), dof.data(), rb.n, nc, D, dv.data());
         weighted_cols(dp.data(), qf.data(), rb.n, nc, D, dk.data());
