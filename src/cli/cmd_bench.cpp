@@ -1,6 +1,7 @@
 // `lmtune bench ops`: throughput of the kernels that dominate fine-tuning on the chosen device -- TFLOP/s of
-// matmul at square and LLM shapes and of attention (fused and reference), GB/s of the memory-bound ops. Vulkan times are GPU timestamps summed over
-// the op's dispatches (the runtime's profiler); CPU times are wall clock around the op plus a synchronize.
+// matmul at square and LLM shapes and of attention (fused and reference), GB/s of the memory-bound ops. Vulkan
+// times are GPU timestamps summed over the op's dispatches (the runtime's profiler); CPU times are wall clock
+// around the op plus a synchronize.
 // Each figure is the median of --reps runs after a warm-up of --warmup seconds (default 1) per op (the first use of a pipeline
 // compiles it, up to 2 s on NVIDIA, and the clocks drop meanwhile).
 #include <CLI/CLI.hpp>
