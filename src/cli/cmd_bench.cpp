@@ -1,6 +1,7 @@
 // `lmtune bench ops`: throughput of the kernels that dominate fine-tuning on the chosen device -- TFLOP/s of
-// matmul at square and LLM shapes, GB/s of the memory-bound ops. Vulkan times are GPU timestamps summed over
-// the op's dispatches (the runtime's profiler); CPU times are wall clock around the op plus a synchronize.
+// matmul at square and LLM shapes and of attention (fused and reference), GB/s of the memory-bound ops. Vulkan
+// times are GPU timestamps summed over the op's dispatches (the runtime's profiler); CPU times are wall clock
+// around the op plus a synchronize.
 // Each figure is the median of --reps runs after a warm-up of --warmup seconds (default 1) per op (the first use of a pipeline
 // compiles it, up to 2 s on NVIDIA, and the clocks drop meanwhile).
 #include <CLI/CLI.hpp>
@@ -19,6 +20,7 @@
 #include "backend/vulkan/recorder.h"
 #include "backend/vulkan/vulkan_backend.h"
 #include "cli/commands.h"
+#include "core/autodiff.h"
 #include "core/error.h"
 #include "core/ops.h"
 #include "core/ops/view.h"
@@ -196,6 +198,57 @@ Result bench_mem(const MemOp& op, int64_t rows, int64_t cols, Device dev, int re
   return r;
 }
 
+struct AttentionShape {
+  int64_t B, T, H, KV, D;
+  bool fused, backward;  // flash_attention or attention_reference; forward only or forward + backward
+};
+
+std::vector<AttentionShape> attention_shapes(bool small) {
+  std::vector<AttentionShape> s;
+  // Qwen2.5-0.5B heads (14 query, 2 kv, D 64) over 2048 tokens; Llama-style D 128 (16 query, 8 kv heads).
+  std::vector<AttentionShape> base = small ? std::vector<AttentionShape>{{1, 256, 14, 2, 64, true, false}}
+                                           : std::vector<AttentionShape>{{1, 2048, 14, 2, 64, true, false},
+                                                                         {1, 2048, 16, 8, 128, true, false}};
+  for (const auto& b : base)
+    for (bool fused : {true, false})
+      for (bool backward : {false, true}) s.push_back({b.B, b.T, b.H, b.KV, b.D, fused, backward});
+  return s;
+}
+
+std::string attention_label(const AttentionShape& a) {
+  return "B" + std::to_string(a.B) + " T" + std::to_string(a.T) + " H" + std::to_string(a.H) + "/" +
+         std::to_string(a.KV) + " D" + std::to_string(a.D) + (a.backward ? " f+b" : " fwd");
+}
+
+// Causal bf16 attention. FLOPs counted as 4 B H T S D for the forward pass, halved for causal, and 3.5 times that
+// for forward + backward (the backward's five T x S x D products), whatever the kernels recompute.
+Result bench_attention(const AttentionShape& a, Device dev, int reps) {
+  Result r;
+  r.op = "attention";
+  r.shape = attention_label(a);
+  r.dtype = "bf16";
+  r.kernel = a.fused ? "flash" : "reference";
+  r.flops = true;
+  Tensor q = Tensor::randn({a.B, a.T, a.H, a.D}, 6, 1.0f, DType::bf16, dev);
+  Tensor k = Tensor::randn({a.B, a.T, a.KV, a.D}, 7, 1.0f, DType::bf16, dev);
+  Tensor v = Tensor::randn({a.B, a.T, a.KV, a.D}, 8, 1.0f, DType::bf16, dev);
+  Tensor d_o = Tensor::randn({a.B, a.T, a.H, a.D}, 9, 1.0f, DType::bf16, dev);
+  ops::AttentionOptions opt;
+  auto attend = [&](const std::vector<Tensor>& in) {
+    return std::vector<Tensor>{a.fused ? ops::flash_attention(in[0], in[1], in[2], opt).first
+                                       : ops::attention_reference(in[0], in[1], in[2], opt)};
+  };
+  if (a.backward) {
+    r.ms = time_op([&] { return vjp(attend, {q, k, v}, {d_o}).second[0]; }, dev, reps);
+  } else {
+    NoGrad no_grad;
+    r.ms = time_op([&] { return attend({q, k, v})[0]; }, dev, reps);
+  }
+  double fwd = 4.0 * double(a.B * a.H) * double(a.T) * double(a.T) * double(a.D) / 2;
+  r.rate = (a.backward ? 3.5 * fwd : fwd) / (r.ms * 1e-3) / 1e12;
+  return r;
+}
+
 bool selected(const BenchOptions& o, const std::string& op) {
   if (o.only.empty()) return true;
   std::string list = "," + o.only + ",";
@@ -270,6 +323,14 @@ void run_bench_ops(const std::string& device_opt, const BenchOptions& o) {
     fail.dtype = std::string(dtype_name(s.dtype));
     run([&] { return bench_matmul(s, dev, o.reps); }, fail);
   }
+  for (const auto& a : attention_shapes(small)) {
+    if (!selected(o, "attention")) break;
+    Result fail;
+    fail.op = "attention";
+    fail.shape = attention_label(a);
+    fail.dtype = "bf16";
+    run([&] { return bench_attention(a, dev, o.reps); }, fail);
+  }
   int64_t rows = small ? 1024 : 16384, cols = small ? 1024 : 4096;
   for (const auto& op : mem_ops()) {
     if (!selected(o, op.name)) continue;
@@ -292,7 +353,7 @@ void add_bench_command(CLI::App& app, const std::string& device) {
   ops_cmd->add_flag("--json", o->json, "One JSON object per line");
   ops_cmd->add_option("--sizes", o->sizes, "auto | small | full (auto: small on CPU devices)");
   ops_cmd->add_option("--shapes", o->shapes, "Matmul shapes MxNxK[,MxNxK...] (f16 and f32)");
-  ops_cmd->add_option("--ops", o->only, "Comma list of ops to run (matmul,add,mul,silu,copy,cast,rms_norm,softmax,sum)");
+  ops_cmd->add_option("--ops", o->only, "Comma list of ops to run (matmul,attention,add,mul,silu,copy,cast,rms_norm,softmax,sum)");
   ops_cmd->add_option("--reps", o->reps, "Timed repetitions per op (median)")->check(CLI::Range(1, 1000));
   ops_cmd->add_option("--warmup", o->warmup_s, "Seconds of warm-up per op (default 1)")->check(CLI::Range(0.0, 60.0));
   ops_cmd->add_flag("--stream", o->stream, "Time --reps calls queued back to back (wall clock, one synchronize)");

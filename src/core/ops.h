@@ -5,6 +5,7 @@
 // Axes may be negative. Shape/dtype errors throw ShapeError naming the op and the shapes.
 #pragma once
 #include <optional>
+#include <utility>
 #include <vector>
 
 #include "core/tensor.h"
@@ -90,7 +91,7 @@ Tensor rope(const Tensor& x, const Tensor& positions, const Tensor& inv_freq, Ro
 Tensor embedding(const Tensor& weight, const Tensor& ids);
 Tensor embedding_backward(const Tensor& grad, const Tensor& ids, int64_t vocab);       // scatter-add
 
-// ---- attention (core/ops/attention.cpp), composed from the ops above ----
+// ---- attention (core/ops/attention.cpp, core/ops/flash_attention.cpp) ----
 struct AttentionOptions {
   float scale = 0;               // 0 -> 1/sqrt(D)
   bool causal = true;
@@ -101,6 +102,13 @@ struct AttentionOptions {
   Tensor key_mask;               // optional i32 [B, S]: 0 marks a padding key that no query attends to
 };
 // q [B, T, H, D], k and v [B, S, KV, D] with H a multiple of KV (grouped-query attention) -> [B, T, H, D].
+// The fused kernel (flash_attention) by default; LMTUNE_ATTENTION=reference selects attention_reference.
 Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& opt);
+// The same, composed from the ops above (matmul, softmax, ...): materializes the [B, H, T, S] scores. The oracle.
+Tensor attention_reference(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& opt);
+// Fused attention that stores no [T, S] matrix, forward or backward: (O [B, T, H, D], LSE f32 [B, H, T]), LSE being
+// the log-sum-exp of each query row's masked scores (-inf where a row sees no key; O is 0 there).
+std::pair<Tensor, Tensor> flash_attention(const Tensor& q, const Tensor& k, const Tensor& v,
+                                          const AttentionOptions& opt);
 
 }  // namespace lmtune::ops

@@ -28,9 +28,9 @@ TrainingMemoryEstimate estimate_training_memory(const ModelConfig& c, const Trai
   // LoRA intermediates (7R).
   uint64_t per_token = uint64_t(6 * C + 2 * (HD + 2 * KVD) + HD + 4 * I + 7 * o.rank);
   if (c.sandwich_norms) per_token += uint64_t(2 * C);
-  // The attention composite materialises scores and probabilities, f32 [B, H, T, T] each.
-  const uint64_t scores = 2ull * uint64_t(o.batch) * uint64_t(H) * uint64_t(o.seq) * uint64_t(o.seq) * 4;
-  const uint64_t layer = N * per_token * act + scores;
+  // The fused attention keeps no [T, T] scores, only each query row's log-sum-exp (f32 [B, H, T]).
+  const uint64_t lse = N * uint64_t(H) * 4;
+  const uint64_t layer = N * per_token * act + lse;
   // The fused loss (ops::linear_cross_entropy) holds one vocabulary chunk at a time: its f32 logits, their
   // gradient and about one more temporary of that size (soft-capping) — not [N, V] logits and their gradient.
   e.logits = 3 * N * uint64_t(default_vocab_chunk(int64_t(N), V)) * 4;

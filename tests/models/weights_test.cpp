@@ -226,7 +226,8 @@ TEST(MemoryEstimate, CheckpointingSavesActivationsAndLoraIsSmall) {
   // LoRA r=16 on all projections of Llama-3.2-1B: 11,272,192 parameters (PEFT's count).
   EXPECT_EQ(e.lora_param_count, 11272192);
   EXPECT_EQ(e.optimizer, 2 * e.lora_params);
-  EXPECT_LT(e.activations_checkpointed, e.activations / 4);
+  // Checkpointing keeps one layer's activations instead of 16 (the logits are the same either way).
+  EXPECT_LT(e.activations_checkpointed - e.logits, (e.activations - e.logits) / 4);
   EXPECT_GT(e.activations_checkpointed, e.logits);
 }
 

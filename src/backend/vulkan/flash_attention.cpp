@@ -1,0 +1,203 @@
+// Vulkan kernels of the fused attention (core/ops/flash_attention.h): kernels/flash_attention_fwd.comp, the
+// backward's delta pre-pass (flash_attention_bwd_delta.comp), dQ (flash_attention_bwd_dq.comp) and dK/dV
+// (flash_attention_bwd_dkdv.comp), and the merge of a split forward pass (flash_attention_combine.comp); shared
+// code in kernels/flash_attention.glsl. Each attention kernel is built
+// per head-dim class (D <= 64, 128, 256) with block sizes that keep its shared memory under 32 KiB.
+#include <algorithm>
+#include <string>
+
+#include "backend/vulkan/kernel_util.h"
+#include "core/error.h"
+#include "core/ops/flash_attention.h"
+
+namespace lmtune::vk {
+namespace {
+
+// Mirrors the push block of kernels/flash_attention.glsl.
+struct FlashPush {
+  uint32_t T, S, H, KV, D, flags;
+  int32_t window, q_offset;
+  float scale, softcap;
+  uint32_t q_off, q_sb, q_st, k_off, k_sb, k_st, v_off, v_sb, v_st, x_off, x_sb, x_st;
+  uint32_t lse_off, delta_off, docs_off, keys_off, y_off, z_off;
+  uint32_t dtypes;
+  uint32_t splits = 1;
+};
+static_assert(sizeof(FlashPush) <= 128);
+
+struct CombinePush {
+  uint32_t n, T, H, D, splits, part_off, plse_off, o_off, lse_off, o_dtype;
+};
+
+// Key-range splits of the forward pass: when the (row block, kv head, batch) workgroups are too few to fill a GPU
+// (decoding: T = 1 gives one row block), each one's keys are cut into up to 16 parts of at least 2 key blocks,
+// run by separate workgroups and merged by flash_attention_combine.
+uint32_t forward_splits(uint32_t workgroups, uint32_t key_blocks) {
+  if (workgroups >= 64 || key_blocks < 4) return 1;
+  return std::min<uint32_t>({16, ceil_div(128, workgroups), key_blocks / 2});
+}
+
+struct DeltaPush {
+  uint32_t n, T, H, D, o_off, x_off, x_sb, x_st, dlse_off, delta_off, dtypes;
+};
+
+constexpr uint32_t kSharedBytes = 32768;  // the most any variant uses (see the table in docs/vulkan.md)
+
+// "_d64", "_d128" or "_d256": the kernel variant for head dim D.
+std::string head_dim_class(const Context& ctx, int64_t D) {
+  if (D > 256)
+    throw ShapeError("vulkan flash attention: head dim " + std::to_string(D) +
+                     " exceeds 256; LMTUNE_ATTENTION=reference runs the composed attention instead");
+  if (ctx.properties().limits.maxComputeSharedMemorySize < kSharedBytes)
+    throw DeviceError("vulkan flash attention needs 32 KiB of shared memory, the device has " +
+                      std::to_string(ctx.properties().limits.maxComputeSharedMemorySize) +
+                      " bytes; LMTUNE_ATTENTION=reference runs the composed attention instead");
+  return D <= 64 ? "_d64" : D <= 128 ? "_d128" : "_d256";
+}
+
+// Element offset, batch and time strides of a [B, T, heads, D] operand whose heads and dims are dense.
+void rows_of(const Tensor& t, uint32_t& off, uint32_t& sb, uint32_t& st, const char* what) {
+  bool dense_rows = (t.dim(3) == 1 || t.strides()[3] == 1) && (t.dim(2) == 1 || t.strides()[2] == t.dim(3));
+  if (!dense_rows)
+    throw ShapeError(std::string("vulkan flash attention: ") + what + " needs dense heads and dims, got strides " +
+                     to_string(t.strides()));
+  off = elem_offset(t);
+  sb = u32(t.strides()[0], "batch stride");
+  st = u32(t.strides()[1], "time stride");
+  if (t.numel() > 0)
+    u32(t.offset() + (t.dim(0) - 1) * t.strides()[0] + (t.dim(1) - 1) * t.strides()[1] + t.dim(2) * t.dim(3),
+        "attention operand extent");
+}
+
+// The push block shared by the three attention kernels; masks[0..1] are the doc_ids / key_mask inputs (if any).
+FlashPush make_push(const FlashAttentionParams& p, const Tensor& q, const Tensor& k, const Tensor& v,
+                    const std::vector<Tensor>& masks) {
+  FlashPush f{};
+  f.T = u32(p.T, "query length");
+  f.S = u32(p.S, "key length");
+  f.H = u32(p.H, "heads");
+  f.KV = u32(p.KV, "kv heads");
+  f.D = u32(p.D, "head dim");
+  f.flags = (p.causal ? 1u : 0u) | (p.docs ? 2u : 0u) | (p.key_mask ? 4u : 0u);
+  f.window = int32_t(p.window);
+  f.q_offset = int32_t(p.q_offset);
+  f.scale = p.scale;
+  f.softcap = p.softcap;
+  rows_of(q, f.q_off, f.q_sb, f.q_st, "q");
+  rows_of(k, f.k_off, f.k_sb, f.k_st, "k");
+  rows_of(v, f.v_off, f.v_sb, f.v_st, "v");
+  size_t next = 0;
+  if (p.docs) f.docs_off = elem_offset(masks[next++]);
+  if (p.key_mask) f.keys_off = elem_offset(masks[next]);
+  f.dtypes = uint32_t(q.dtype()) | uint32_t(k.dtype()) << 4 | uint32_t(v.dtype()) << 8;
+  return f;
+}
+
+// The doc_ids / key_mask inputs from index `first` on (dense), and their bindings (q's buffer when absent:
+// bound but never read).
+std::vector<Tensor> mask_inputs(const FlashAttentionParams& p, const std::vector<Tensor>& in, size_t first) {
+  std::vector<Tensor> m;
+  for (size_t i = first; i < first + size_t(p.docs) + size_t(p.key_mask); ++i) m.push_back(dense(in[i]));
+  return m;
+}
+std::pair<Binding, Binding> mask_bindings(const FlashAttentionParams& p, const std::vector<Tensor>& m, const Tensor& q) {
+  Binding docs = p.docs ? in(m[0]) : in(q);
+  Binding keys = p.key_mask ? in(m[p.docs ? 1 : 0]) : in(q);
+  return {docs, keys};
+}
+
+void check_grid(uint32_t blocks, const char* what) {
+  if (blocks > 65535) throw ShapeError(std::string("vulkan flash attention: too many ") + what + " blocks");
+}
+
+}  // namespace
+}  // namespace lmtune::vk
+
+namespace lmtune {
+
+void FlashAttention::eval_vulkan(const std::vector<Tensor>& ins, std::vector<Tensor>& outs) {
+  using namespace vk;
+  if (outs[0].numel() == 0 && outs[1].numel() == 0) return;
+  Context& ctx = context_for(outs[0].device());
+  const std::string cls = head_dim_class(ctx, p.D);
+  const Tensor &q = ins[0], &k = ins[1], &v = ins[2];
+  Tensor &o = outs[0], &lse = outs[1];
+  std::vector<Tensor> masks = mask_inputs(p, ins, 3);
+  FlashPush f = make_push(p, q, k, v, masks);
+  const uint32_t br = p.D <= 64 ? 32 : 16 * (p.D <= 128 ? 2 : 1), bc = p.D <= 64 ? 32 : p.D <= 128 ? 16 : 8;
+  const uint32_t blocks = ceil_div(uint64_t(p.T * p.G()), br), batch = u32(p.B, "batch");
+  check_grid(blocks, "query");
+  f.splits = p.D > 0 ? forward_splits(blocks * f.KV * batch, ceil_div(uint64_t(p.S), bc)) : 1;
+  check_grid(batch * f.splits, "batch");
+  // Split passes write f32 partials [splits, B, T, H, D] and [splits, B, H, T], merged afterwards.
+  Tensor part = f.splits > 1 ? Tensor::empty({int64_t(f.splits), p.B, p.T, p.H, p.D}, DType::f32, o.device()) : o;
+  Tensor plse = f.splits > 1 ? Tensor::empty({int64_t(f.splits), p.B, p.H, p.T}, DType::f32, o.device()) : lse;
+  f.lse_off = elem_offset(plse);
+  f.y_off = elem_offset(part);
+  f.dtypes |= uint32_t(part.dtype()) << 16;
+  auto [docs, keys] = mask_bindings(p, masks, q);
+  ctx.dispatch(variant(ctx, "flash_attention_fwd" + cls),
+               {in(q), in(k), in(v), in(q), out(plse), in(q), docs, keys, out(part), in(q)}, f,
+               {blocks, f.KV, batch * f.splits});
+  if (f.splits > 1) {
+    CombinePush c{u32(o.numel(), "output size"), f.T, f.H, f.D, f.splits, elem_offset(part), elem_offset(plse),
+                  elem_offset(o), elem_offset(lse), uint32_t(o.dtype())};
+    u32(part.numel(), "split partials");
+    ctx.dispatch(variant(ctx, "flash_attention_combine"), {in(part), in(plse), out(o), out(lse)}, c,
+                 groups_1d(c.n, 256), {256});
+  }
+}
+
+void FlashAttentionBackward::eval_vulkan(const std::vector<Tensor>& ins, std::vector<Tensor>& outs) {
+  using namespace vk;
+  Context& ctx = context_for(outs[0].device());
+  if (outs[0].numel() == 0 && outs[1].numel() == 0) return;
+  const std::string cls = head_dim_class(ctx, p.D);
+  const Tensor &q = ins[0], &k = ins[1], &v = ins[2];
+  const Tensor o = dense(ins[3]), &d_o = ins[4], lse = dense(ins[5]), d_lse = dense(ins[6]);
+  if (lse.dtype() != DType::f32 || d_lse.dtype() != DType::f32)
+    throw ShapeError("vulkan flash attention backward: LSE and dLSE must be f32");
+  std::vector<Tensor> masks = mask_inputs(p, ins, 7);
+  FlashPush f = make_push(p, q, k, v, masks);
+  rows_of(d_o, f.x_off, f.x_sb, f.x_st, "dO");
+  f.dtypes |= uint32_t(d_o.dtype()) << 12;
+
+  // Δ = rowsum(dO ∘ O) - dLSE, f32 [B, H, T].
+  Tensor delta = Tensor::empty({p.B, p.H, p.T}, DType::f32, q.device());
+  if (delta.numel() > 0) {
+    DeltaPush dp{u32(delta.numel(), "rows"), f.T, f.H, f.D, elem_offset(o), f.x_off, f.x_sb, f.x_st,
+                 elem_offset(d_lse), elem_offset(delta), uint32_t(o.dtype()) | uint32_t(d_o.dtype()) << 4};
+    ctx.dispatch(variant(ctx, "flash_attention_bwd_delta"), {in(o), in(d_o), in(d_lse), out(delta)}, dp,
+                 groups_1d(dp.n, 256), {256});
+  }
+  f.lse_off = elem_offset(lse);
+  f.delta_off = elem_offset(delta);
+  auto [docs, keys] = mask_bindings(p, masks, q);
+  const uint32_t batch = u32(p.B, "batch");
+
+  if (outs[0].numel() > 0) {  // dQ
+    FlashPush fq = f;
+    fq.y_off = elem_offset(outs[0]);
+    fq.dtypes |= uint32_t(outs[0].dtype()) << 16;
+    const uint32_t br = p.D <= 64 ? 32 : p.D <= 128 ? 16 : 8;  // BR of flash_attention_bwd_dq.comp
+    const uint32_t blocks = ceil_div(uint64_t(p.T * p.G()), br);
+    check_grid(blocks, "query");
+    ctx.dispatch(variant(ctx, "flash_attention_bwd_dq" + cls),
+                 {in(q), in(k), in(v), in(d_o), in(lse), in(delta), docs, keys, out(outs[0]), in(q)}, fq,
+                 {blocks, f.KV, batch});
+  }
+  if (outs[1].numel() > 0) {  // dK, dV
+    FlashPush fk = f;
+    fk.y_off = elem_offset(outs[1]);
+    fk.z_off = elem_offset(outs[2]);
+    fk.dtypes |= uint32_t(outs[1].dtype()) << 16 | uint32_t(outs[2].dtype()) << 20;
+    const uint32_t bc = p.D <= 64 ? 32 : p.D <= 128 ? 16 : 8;  // BC of flash_attention_bwd_dkdv.comp
+    const uint32_t blocks = ceil_div(uint64_t(p.S), bc);
+    check_grid(blocks, "key");
+    ctx.dispatch(variant(ctx, "flash_attention_bwd_dkdv" + cls),
+                 {in(q), in(k), in(v), in(d_o), in(lse), in(delta), docs, keys, out(outs[1]), out(outs[2])}, fk,
+                 {blocks, f.KV, batch});
+  }
+}
+
+}  // namespace lmtune

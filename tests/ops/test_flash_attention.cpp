@@ -1,0 +1,189 @@
+// The fused attention (ops::flash_attention) against the reference composition (ops::attention_reference), on
+// every device: O, LSE and the gradients dQ, dK, dV of a random-weighted sum, for causal / full / GQA / odd sizes /
+// KV-cache decode / sliding window / softcap / packed documents / padded keys / fully masked rows, f32 and bf16,
+// head dims 64, 80 (the 128 class) and 256. bf16 runs are checked against the f32 reference on the same
+// (bf16-valued) inputs: the fused kernels accumulate in f32, so only the final rounding differs.
+#include <limits>
+
+#include "core/autodiff.h"
+#include "core/error.h"
+#include "core/ops/flash_attention.h"
+#include "ops/op_test_util.h"
+
+namespace lmtune::test {
+namespace {
+
+using V = std::vector<Tensor>;
+
+struct FlashCase {
+  const char* name;
+  int64_t B, T, S, H, KV, D;
+  bool causal = true;
+  int64_t window = 0;
+  float softcap = 0;
+  int64_t q_offset = 0;
+  bool docs = false;        // three packed documents per row
+  int64_t pad_keys = 0;     // batch row 1 has this many padding keys at the start (key_mask)
+  bool strided_kv = false;  // k, v are [0, S) slices of a longer cache (batch and time strides)
+};
+
+std::vector<int32_t> three_docs(int64_t B, int64_t T) {
+  std::vector<int32_t> d(static_cast<size_t>(B * T));
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t t = 0; t < T; ++t) d[size_t(b * T + t)] = int32_t(t < T / 3 + b ? 0 : t < 2 * T / 3 ? 1 : 2);
+  return d;
+}
+
+// What one attention implementation gives: O, its LSE (empty for the reference) and the gradients.
+struct Result {
+  Tensor out, lse;
+  V grads;
+};
+
+Result run(bool fused, const V& qkv, const Tensor& w, const ops::AttentionOptions& opt) {
+  Result r;
+  auto loss = [&](const V& in) {
+    Tensor o = fused ? ops::flash_attention(in[0], in[1], in[2], opt).first
+                     : ops::attention_reference(in[0], in[1], in[2], opt);
+    r.out = o.detach();
+    return V{ops::sum_all(ops::mul(ops::cast(o, DType::f32), w))};
+  };
+  r.grads = value_and_grad(loss)(qkv).second;
+  if (fused) r.lse = ops::flash_attention(qkv[0], qkv[1], qkv[2], opt).second;
+  return r;
+}
+
+::testing::AssertionResult near(const Tensor& got, const Tensor& want, double tol) {
+  return close(got, ref::of(want), tol);
+}
+
+TEST_P(OpTest, FlashAttentionMatchesReference) {
+  const std::vector<FlashCase> cases{
+      {"causal_gqa_odd", 1, 37, 37, 6, 2, 64},
+      {"full_gqa", 1, 37, 37, 6, 2, 64, false},
+      {"decode_kv_cache", 2, 1, 41, 6, 2, 64, true, 0, 0, 40, false, 3, true},
+      {"prefill_kv_cache", 1, 5, 41, 4, 2, 64, true, 0, 0, 36, false, 0, true},
+      {"decode_long_split", 2, 1, 300, 6, 2, 64, true, 0, 0, 299, false, 7, true},  // Vulkan: split key range
+      {"decode_long_window_split", 1, 1, 300, 4, 1, 128, true, 100, 0, 299},
+      {"window", 1, 37, 37, 4, 2, 64, true, 8},
+      {"softcap_full", 1, 21, 29, 4, 1, 64, false, 0, 5.0f},
+      {"docs", 2, 37, 37, 2, 1, 64, true, 0, 0, 0, true},
+      {"padded_keys_masked_rows", 2, 13, 13, 4, 2, 64, true, 0, 0, 0, false, 5},
+      {"negative_offset_masked_rows", 1, 9, 9, 2, 2, 64, true, 0, 0, -3},
+      {"d80_window_softcap", 1, 19, 19, 4, 2, 80, true, 6, 4.0f},
+      {"d256", 1, 9, 9, 2, 1, 256, true, 0, 30.0f},
+  };
+  for (const auto& c : cases)
+    for (DType dt : {DType::f32, DType::bf16}) {
+      LMTUNE_CASE(c.name << " " << dtype_name(dt));
+      // Inputs hold bf16-representable values either way, so the f32 reference sees exactly the bf16 run's inputs.
+      auto input = [&](const Shape& s, uint64_t seed, Layout l) {
+        return ops::cast(ops::cast(make_input(s, DType::f32, dev(), seed, l, 0.1f, 1.5f), DType::bf16), DType::f32);
+      };
+      Tensor q = input({c.B, c.T, c.H, c.D}, 61, Layout::strided);
+      Tensor k = input({c.B, c.S + (c.strided_kv ? 6 : 0), c.KV, c.D}, 62, Layout::contiguous);
+      Tensor v = input({c.B, c.S + (c.strided_kv ? 6 : 0), c.KV, c.D}, 63, Layout::contiguous);
+      if (c.strided_kv) k = ops::slice(k, 1, 0, c.S), v = ops::slice(v, 1, 0, c.S);
+      Tensor w = make_input({c.B, c.T, c.H, c.D}, DType::f32, dev(), 64);
+      ops::AttentionOptions opt;
+      opt.causal = c.causal;
+      opt.window = c.window;
+      opt.softcap = c.softcap;
+      opt.q_offset = c.q_offset;
+      if (c.docs) opt.doc_ids = Tensor::from_ints(three_docs(c.B, c.T), {c.B, c.T}, dev());
+      if (c.pad_keys > 0) {
+        std::vector<int32_t> m(static_cast<size_t>(c.B * c.S), 1);
+        for (int64_t j = 0; j < c.pad_keys; ++j) m[size_t(c.S + j)] = 0;
+        opt.key_mask = Tensor::from_ints(m, {c.B, c.S}, dev());
+      }
+      Result want = run(false, {q, k, v}, w, opt);
+      auto cast = [&](const Tensor& t) { return dt == DType::f32 ? t : ops::cast(t, dt); };
+      Result got = run(true, {cast(q), cast(k), cast(v)}, w, opt);
+
+      const double tol = dt == DType::f32 ? 1e-10 : 1e-4;
+      EXPECT_EQ(got.out.dtype(), dt);
+      EXPECT_TRUE(near(got.out, want.out, tol)) << "O";
+      const char* names[] = {"dQ", "dK", "dV"};
+      for (size_t i = 0; i < 3; ++i) {
+        EXPECT_EQ(got.grads[i].dtype(), dt);
+        EXPECT_TRUE(near(got.grads[i], want.grads[i], tol)) << names[i];
+      }
+      // LSE: logsumexp of the reference's masked scores, -inf exactly where a row sees no key.
+      Tensor scores = ops::attention_scores(q, k, opt);  // [B, KV, G, T, S]
+      Tensor lse = ops::reshape(ops::logsumexp(scores, -1), {c.B, c.H, c.T});
+      EXPECT_EQ(got.lse.dtype(), DType::f32);
+      EXPECT_TRUE(near(got.lse, lse, dt == DType::f32 ? 1e-12 : 1e-5)) << "LSE";
+      for (double x : got.out.to_doubles()) ASSERT_FALSE(std::isnan(x));
+      for (const Tensor& g : got.grads)
+        for (double x : g.to_doubles()) ASSERT_FALSE(std::isnan(x));
+    }
+}
+
+// The LSE output is differentiable too (its cotangent enters the backward's Δ), and jvp goes through the
+// composition: both against central finite differences of the f32 forward on the CPU-sized problem.
+TEST_P(OpTest, FlashAttentionLseGradientAndJvp) {
+  const int64_t B = 1, T = 6, S = 6, H = 2, KV = 1, D = 8;
+  Tensor q = make_input({B, T, H, D}, DType::f32, dev(), 71, Layout::contiguous, 0.1f, 1.5f);
+  Tensor k = make_input({B, S, KV, D}, DType::f32, dev(), 72, Layout::contiguous, 0.1f, 1.5f);
+  Tensor v = make_input({B, S, KV, D}, DType::f32, dev(), 73);
+  Tensor wo = make_input({B, T, H, D}, DType::f32, dev(), 74), wl = make_input({B, H, T}, DType::f32, dev(), 75);
+  ops::AttentionOptions opt;
+  opt.softcap = 3.0f;
+  opt.q_offset = -1;  // query 0 sees no key
+  auto loss = [&](const V& in) {
+    auto [o, lse] = ops::flash_attention(in[0], in[1], in[2], opt);
+    Tensor seen = ops::greater_equal(lse.detach(), Tensor::full({}, -1e30f, DType::f32, dev()));
+    Tensor safe_lse = ops::where(seen, lse, Tensor::zeros({}, DType::f32, dev()));  // -inf rows: no gradient
+    return V{ops::add(ops::sum_all(ops::mul(o, wo)), ops::sum_all(ops::mul(safe_lse, wl)))};
+  };
+  V grads = value_and_grad(loss)({q, k, v}).second;
+  auto value = [&](const V& in) { return double(loss(in)[0].item()); };
+  std::vector<Tensor> xs{q, k, v};
+  const double h = 1e-2;
+  for (size_t a = 0; a < 3; ++a) {
+    std::vector<float> base = xs[a].to_floats(), g = grads[a].to_floats();
+    for (size_t i = 0; i < base.size(); i += 7) {
+      auto shifted = [&](float delta) {
+        std::vector<float> x = base;
+        x[i] += delta;
+        V in = xs;
+        in[a] = Tensor::from_floats(x, xs[a].shape(), DType::f32, dev());
+        return value(in);
+      };
+      double fd = (shifted(float(h)) - shifted(float(-h))) / (2 * h);
+      EXPECT_NEAR(g[i], fd, 2e-3 * (1 + std::abs(fd))) << "input " << a << " element " << i;
+    }
+  }
+  // jvp: <J t, u> against the vjp's <t, Jᵀ u>.
+  Tensor tq = make_input(q.shape(), DType::f32, dev(), 76), tk = make_input(k.shape(), DType::f32, dev(), 77);
+  Tensor tv = make_input(v.shape(), DType::f32, dev(), 78);
+  auto [prim, tang] = jvp(loss, {q, k, v}, {tq, tk, tv});
+  double jv = tang[0].item();
+  double vj = 0;
+  V ts{tq, tk, tv};
+  for (size_t a = 0; a < 3; ++a) vj += ops::sum_all(ops::mul(grads[a], ts[a])).item();
+  EXPECT_NEAR(jv, vj, 1e-4 * (1 + std::abs(vj)));
+}
+
+// No keys at all (S = 0): every row sees nothing, so O is 0, LSE -inf and dQ 0.
+TEST_P(OpTest, FlashAttentionWithoutKeys) {
+  Tensor q = make_input({1, 3, 2, 8}, DType::f32, dev(), 81);
+  Tensor kv = Tensor::zeros({1, 0, 1, 8}, DType::f32, dev());
+  auto [o, lse] = ops::flash_attention(q, kv, kv, {});
+  for (double x : o.to_doubles()) EXPECT_EQ(x, 0.0);
+  for (double x : lse.to_doubles()) EXPECT_EQ(x, -std::numeric_limits<double>::infinity());
+  V g = value_and_grad([&](const V& in) { return V{ops::sum_all(ops::flash_attention(in[0], kv, kv, {}).first)}; })({q}).second;
+  for (double x : g[0].to_doubles()) EXPECT_EQ(x, 0.0);
+}
+
+TEST_P(OpTest, FlashAttentionErrors) {
+  Tensor q = Tensor::zeros({1, 3, 4, 8}, DType::f32, dev()), k = Tensor::zeros({1, 3, 3, 8}, DType::f32, dev());
+  EXPECT_THROW(ops::flash_attention(q, k, k, {}), ShapeError);  // 4 heads, 3 kv heads
+  if (!dev().is_cpu()) {  // the Vulkan kernels stop at head dim 256
+    Tensor big = Tensor::zeros({1, 2, 1, 260}, DType::f32, dev());
+    EXPECT_THROW(ops::flash_attention(big, big, big, {}), ShapeError);
+  }
+}
+
+}  // namespace
+}  // namespace lmtune::test
