@@ -77,6 +77,8 @@ Tensor linear_cross_entropy(const Tensor& hidden, const Tensor& weight, const Te
 // [..., M, K] x [..., K, N] -> [..., M, N] with broadcast batch dims. Operands may be transposed views
 // (either of the last two strides equal to 1); f16/bf16/f32 inputs, f32 accumulation, output dtype of a.
 Tensor matmul(const Tensor& a, const Tensor& b);
+// The same with the output in out_dtype (e.g. f32 results of bf16 operands, without rounding them to bf16).
+Tensor matmul(const Tensor& a, const Tensor& b, DType out_dtype);
 // x [..., K] times weight [N, K] transposed (+ bias [N]): the layout of HF linear layers.
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor());
 

@@ -1,4 +1,6 @@
 // matmul and linear: odd sizes, broadcast batch dims, transposed / strided / expanded operands, all dtypes.
+#include "core/autodiff.h"
+#include "core/error.h"
 #include "ops/op_test_util.h"
 
 namespace lmtune::test {
@@ -33,6 +35,32 @@ TEST_P(OpTest, MatmulMixedDtypesAndLargeBatch) {
   Tensor x = make_input({130, 257}, DType::f32, dev(), 65);
   Tensor y = make_input({257, 129}, DType::f32, dev(), 66, Layout::transposed);
   EXPECT_TRUE(close(ops::matmul(x, y), ref::matmul(ref::of(x), ref::of(y)), DType::f32));
+}
+
+// f32 results of 16-bit operands (the logits of the fused loss): not rounded to the operands' dtype, and the
+// gradients (a 16-bit cotangent, as under autocast) match f32 arithmetic on the same operand values.
+TEST_P(OpTest, MatmulOutputDtype) {
+  for (DType dt : {DType::bf16, DType::f16}) {
+    LMTUNE_CASE(dtype_name(dt));
+    Tensor a = make_input({37, 65}, dt, dev(), 71);
+    Tensor b = make_input({65, 19}, dt, dev(), 72, Layout::transposed);
+    Tensor c = ops::matmul(a, b, DType::f32);
+    EXPECT_EQ(c.dtype(), DType::f32);
+    EXPECT_TRUE(close(c, ref::matmul(ref::of(a), ref::of(b)), DType::f32));
+    Tensor w = make_input({37, 19}, DType::f32, dev(), 73);
+    auto loss = [&](const std::vector<Tensor>& in) {
+      return std::vector<Tensor>{ops::sum_all(ops::mul(ops::matmul(in[0], in[1], DType::f32), w))};
+    };
+    auto [value, grads] = value_and_grad(loss)({a, b});
+    EXPECT_EQ(grads[0].dtype(), dt);
+    // d/da = w bᵀ, d/db = aᵀ w (w rounded to dt first, as the 16-bit cotangent is).
+    ref::Array w16 = ref::of(ops::cast(w, dt));
+    EXPECT_TRUE(close(grads[0], ref::matmul(w16, ref::transpose(ref::of(b), 0, 1)), dt));
+    EXPECT_TRUE(close(grads[1], ref::matmul(ref::transpose(ref::of(a), 0, 1), w16), dt));
+  }
+  EXPECT_THROW(ops::matmul(make_input({2, 3}, DType::f32, dev(), 74), make_input({3, 2}, DType::f32, dev(), 75),
+                           DType::i32),
+               lmtune::ShapeError);
 }
 
 TEST_P(OpTest, Linear) {

@@ -38,9 +38,16 @@ Tensor cap_slope(const Tensor& z, float softcap) {
   return ops::add_scalar(ops::neg(ops::square(ops::scale(z, 1.0f / softcap))), 1.0f);
 }
 
-// The chunk's logits z [N, e - s] (f32: h32 is f32 and matmul accumulates in f32).
-Tensor chunk_logits(const Tensor& h32, const Tensor& weight, int64_t s, int64_t e, float softcap) {
-  return cap(ops::matmul(h32, ops::transpose(rows_of(weight, s, e))), softcap);
+// The hidden states as the logits products take them: as they are when they and the weight share a 16-bit dtype
+// (the tensor-core path; products still accumulate and return f32), else widened to f32.
+Tensor product_operand(const Tensor& hidden, const Tensor& weight) {
+  bool half = hidden.dtype() == DType::f16 || hidden.dtype() == DType::bf16;
+  return half && hidden.dtype() == weight.dtype() ? hidden : f32(hidden);
+}
+
+// The chunk's logits z [N, e - s], f32 (matmul accumulates in f32 and returns f32).
+Tensor chunk_logits(const Tensor& h, const Tensor& weight, int64_t s, int64_t e, float softcap) {
+  return cap(ops::matmul(h, ops::transpose(rows_of(weight, s, e)), DType::f32), softcap);
 }
 
 // Σ_C a[n, c] b[n, c] in f32: [N].
@@ -100,10 +107,10 @@ void LinearCrossEntropy::forward(const std::vector<Tensor>& in, std::vector<Tens
   const Tensor& weight = in[1];
   const int64_t N = hidden.dim(0), V = weight.dim(0);
   if (N == 0) return;
-  Tensor h32 = f32(hidden);
+  Tensor h32 = f32(hidden), h = product_operand(hidden, weight);
   std::vector<Tensor> chunk_lse;  // [N, 1] each
   for_each_chunk(V, chunk, [&](int64_t s, int64_t e) {
-    chunk_lse.push_back(logsumexp(chunk_logits(h32, weight, s, e, softcap), -1, true));
+    chunk_lse.push_back(logsumexp(chunk_logits(h, weight, s, e, softcap), -1, true));
   });
   Tensor lse = chunk_lse.size() == 1 ? reshape(chunk_lse[0], {N}) : logsumexp(concat(chunk_lse, 1), -1);
   Targets tg = device_targets(host_targets, ignore_index, hidden.device());
@@ -122,19 +129,21 @@ std::vector<Tensor> LinearCrossEntropy::vjp(const Node& node, const std::vector<
   const Tensor& lse = node.outputs[1];
   const Device d = hidden.device();
   const int64_t V = weight.dim(0);
-  Tensor h32 = f32(hidden), g = contiguous(f32(cot[0]));
+  Tensor h = product_operand(hidden, weight), g = contiguous(f32(cot[0]));
   Tensor dh, dw;
   if (wanted[1]) dw = Tensor::empty(weight.shape(), weight.dtype(), d);
   for_each_chunk(V, chunk, [&](int64_t s, int64_t e) {
-    Tensor z = chunk_logits(h32, weight, s, e, softcap);
+    Tensor z = chunk_logits(h, weight, s, e, softcap);
     Tensor dz = apply1(std::make_shared<CrossEntropyGrad>(-1),
                        {z, chunk_targets(host_targets, ignore_index, s, e, d), lse, g}, {z.shape(), DType::f32});
     if (softcap > 0) dz = mul(dz, cap_slope(z, softcap));
+    // 16-bit products take the logits' gradient in their dtype (as autocast does) and return f32.
+    dz = cast_to(dz, h.dtype());
     if (wanted[0]) {
-      Tensor part = matmul(dz, rows_of(weight, s, e));
+      Tensor part = matmul(dz, rows_of(weight, s, e), DType::f32);
       dh = dh.defined() ? add(dh, part) : part;
     }
-    if (wanted[1]) copy_into(rows_of(dw, s, e), matmul(transpose(dz), h32));
+    if (wanted[1]) copy_into(rows_of(dw, s, e), matmul(transpose(dz), h, DType::f32));
   });
   if (dh.defined()) dh = cast_to(dh, hidden.dtype());
   return {dh, dw, Tensor()};

@@ -22,16 +22,22 @@ bool gemm_layout(const Tensor& t) {
 Shape batch_of(const Shape& s) { return Shape(s.begin(), s.end() - 2); }
 
 Tensor cast_to(const Tensor& t, DType dtype) { return t.dtype() == dtype ? t : ops::cast(t, dtype); }
+bool is_16bit(DType t) { return t == DType::f16 || t == DType::bf16; }
 
 }  // namespace
 
 std::vector<Tensor> Matmul::vjp(const Node& node, const std::vector<Tensor>& cot, const std::vector<bool>& wanted) {
   using namespace ops;
-  const Tensor& g = cot[0];
-  if (!g.defined()) return {Tensor(), Tensor()};
+  const Tensor& g_out = cot[0];
+  if (!g_out.defined()) return {Tensor(), Tensor()};
   const Tensor& a = node.inputs[0];
   const Tensor& b = node.inputs[1];
   Tensor ga, gb;
+  // f32 results of 16-bit operands (matmul with out_dtype) send a 16-bit cotangent back, as autocast does, so the
+  // gradient products stay on the 16-bit (tensor-core) path.
+  const Tensor& g = is_16bit(a.dtype()) && a.dtype() == b.dtype() && g_out.dtype() == DType::f32
+                        ? cast_to(g_out, a.dtype())
+                        : g_out;
   // g [..., M, N]: ga = g bᵀ [..., M, K], gb = aᵀ g [..., K, N], each summed over the batch dims it was broadcast on.
   if (wanted[0]) ga = cast_to(sum_to_shape(matmul(g, transpose(b)), a.shape()), a.dtype());
   if (wanted[1]) gb = cast_to(sum_to_shape(matmul(transpose(cast_to(a, g.dtype())), g), b.shape()), b.dtype());
@@ -43,9 +49,10 @@ std::vector<Tensor> Matmul::jvp(const Node& node, const std::vector<Tensor>& t) 
   const Tensor& a = node.inputs[0];
   const Tensor& b = node.inputs[1];
   Tensor r;
-  if (t[0].defined()) r = matmul(cast_to(t[0], a.dtype()), b);
+  const DType out = node.output_dtypes[0];
+  if (t[0].defined()) r = matmul(cast_to(t[0], a.dtype()), b, out);
   if (t[1].defined()) {
-    Tensor rb = matmul(a, t[1]);
+    Tensor rb = matmul(a, cast_to(t[1], b.dtype()), out);
     r = r.defined() ? add(r, rb) : rb;
   }
   if (r.defined() && r.shape() != node.output_shapes[0]) r = contiguous(expand(r, node.output_shapes[0]));
@@ -54,7 +61,9 @@ std::vector<Tensor> Matmul::jvp(const Node& node, const std::vector<Tensor>& t) 
 
 namespace ops {
 
-Tensor matmul(const Tensor& a, const Tensor& b) {
+Tensor matmul(const Tensor& a, const Tensor& b) { return matmul(a, b, a.dtype()); }
+
+Tensor matmul(const Tensor& a, const Tensor& b, DType out_dtype) {
   auto shapes = [&] { return to_string(a.shape()) + " and " + to_string(b.shape()); };
   if (a.ndim() < 2 || b.ndim() < 2) throw ShapeError("matmul: operands need at least 2 dims, got " + shapes());
   if (!is_float(a.dtype()) || !is_float(b.dtype()))
@@ -66,7 +75,7 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
   if (b.ndim() == 2 && a.ndim() > 2) {
     Shape out = a.shape();
     out.back() = b.dim(-1);
-    return reshape(matmul(reshape(a, {-1, K}), b), out);
+    return reshape(matmul(reshape(a, {-1, K}), b, out_dtype), out);
   }
   Shape batch;
   try {
@@ -79,7 +88,8 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
   out.push_back(b.dim(-1));
   Tensor ac = gemm_layout(a) ? a : contiguous(a);
   Tensor bc = gemm_layout(b) ? b : contiguous(b);
-  return apply1(std::make_shared<Matmul>(), {ac, bc}, {out, a.dtype()});
+  if (!is_float(out_dtype)) throw ShapeError("matmul: the output dtype must be a float type");
+  return apply1(std::make_shared<Matmul>(), {ac, bc}, {out, out_dtype});
 }
 
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
