@@ -15,18 +15,18 @@
 # Options: --out DIR (JSON and logs; default bench-out), --seq N (2048), --batch N (4), --steps N (10),
 #   --warmup N (3), --checkpointing "on off", --peak-tflops X (the GPU's datasheet bf16 dense peak, e.g. 989 for
 #   an H100 SXM), --device D (lmtune's --device; default vulkan), --parity, --speed (with --parity: both),
-#   --parity-steps N (100), --parity-seq N (512), --parity-batch N (4), --parity-lr X (1e-3).
-# Environment: LMTUNE (the binary; default build/src/lmtune, else lmtune on PATH), PYTHON (python3),
+#   --parity-steps N (100), --parity-seq N (512), --parity-batch N (4), --parity-lr X (2e-4).
+# Environment: LMTUNE (the binary; default build/lmtune, else lmtune on PATH), PYTHON (python3),
 #   TOKENIZER (a tokenizer directory for presets without vocab_size).
 set -euo pipefail
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 ROOT=$(cd "$HERE/.." && pwd)
 PYTHON=${PYTHON:-python3}
 if [[ -z "${LMTUNE:-}" ]]; then
-  if [[ -x "$ROOT/build/src/lmtune" ]]; then LMTUNE=$ROOT/build/src/lmtune; else LMTUNE=$(command -v lmtune || true); fi
+  if [[ -x "$ROOT/build/lmtune" ]]; then LMTUNE=$ROOT/build/lmtune; else LMTUNE=$(command -v lmtune || true); fi
 fi
 OUT=bench-out SEQ=2048 BATCH=4 STEPS=10 WARMUP=3 CKPT="on off" PEAK=0 DEVICE=vulkan
-SPEED=1 PARITY=0 P_STEPS=100 P_SEQ=512 P_BATCH=4 P_LR=1e-3
+SPEED=1 PARITY=0 P_STEPS=100 P_SEQ=512 P_BATCH=4 P_LR=2e-4
 MODELS=()
 die() { echo "compare.sh: $*" >&2; exit 1; }
 while [[ $# -gt 0 ]]; do
@@ -134,6 +134,7 @@ PY
 fi
 
 if [[ $PARITY == 1 ]]; then
+  failed=()
   for m in "${MODELS[@]}"; do
     dir=$(model_dir "$m")
     tag=$(basename "$dir")
@@ -147,6 +148,7 @@ if [[ $PARITY == 1 ]]; then
     echo "== parity $tag: peft" >&2
     "$PYTHON" "$HERE/peft_baseline.py" "${common[@]}" --batches "$batches" --init-adapter "$adapter" \
       > "$OUT/parity_${tag}_peft.json" 2> "$OUT/parity_${tag}_peft.log" || die "peft failed: $OUT/parity_${tag}_peft.log"
-    "$PYTHON" "$HERE/loss_parity.py" "$OUT/parity_${tag}_lmtune.json" "$OUT/parity_${tag}_peft.json"
+    "$PYTHON" "$HERE/loss_parity.py" "$OUT/parity_${tag}_lmtune.json" "$OUT/parity_${tag}_peft.json" || failed+=("$tag")
   done
+  [[ ${#failed[@]} == 0 ]] || die "loss parity failed for: ${failed[*]}"
 fi
