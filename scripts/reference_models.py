@@ -77,8 +77,8 @@ def rope_inv_freq(rope, dim):
 def apply_rope(x, positions, inv_freq):
     """x [B, T, H, D], half-split pairs (i, i + D/2) as transformers' rotate_half."""
     ang = positions.to(torch.float64)[..., None] * inv_freq  # [B, T, D/2]
-    cos = torch.cat([ang.cos(), ang.cos()], -1)[:, :, None, :]
-    sin = torch.cat([ang.sin(), ang.sin()], -1)[:, :, None, :]
+    cos = torch.cat([ang.cos(), ang.cos()], -1)[:, :, None, :].to(x.dtype)  # float64 angles, x's dtype after
+    sin = torch.cat([ang.sin(), ang.sin()], -1)[:, :, None, :].to(x.dtype)
     half = x.shape[-1] // 2
     rot = torch.cat([-x[..., half:], x[..., :half]], -1)
     return x * cos + rot * sin
@@ -99,6 +99,8 @@ def act(name, x):
 
 def linear(p, name, x, bias):
     y = x @ p[name + ".weight"].T
+    if name + ".lora_A" in p:  # LoRA (bench/torch_cpu_baseline.py): + scale * (x A^T) B^T
+        y = y + (x @ p[name + ".lora_A"].T) @ p[name + ".lora_B"].T * p["lora_scale"]
     return y + p[name + ".bias"] if bias else y
 
 
@@ -137,15 +139,15 @@ def forward(spec, p, ids, positions, doc_ids):
             s = a["attn_softcap"] * torch.tanh(s / a["attn_softcap"])
         s = s.masked_fill(~mask[:, None], float("-inf"))
         o = torch.einsum("bhts,bshd->bthd", torch.softmax(s, -1), v).reshape(B, T, H * D)
-        o = o @ p[pre + "self_attn.o_proj.weight"].T
+        o = linear(p, pre + "self_attn.o_proj", o, False)
         if gemma:
             o = rms_norm(o, p[pre + "post_attention_layernorm.weight"], a["eps"], one_plus)
         x = x + o
         # MLP
         norm = "pre_feedforward_layernorm" if gemma else "post_attention_layernorm"
         h = rms_norm(x, p[pre + norm + ".weight"], a["eps"], one_plus)
-        m = act(a["act"], h @ p[pre + "mlp.gate_proj.weight"].T) * (h @ p[pre + "mlp.up_proj.weight"].T)
-        m = m @ p[pre + "mlp.down_proj.weight"].T
+        m = act(a["act"], linear(p, pre + "mlp.gate_proj", h, False)) * linear(p, pre + "mlp.up_proj", h, False)
+        m = linear(p, pre + "mlp.down_proj", m, False)
         if gemma:
             m = rms_norm(m, p[pre + "post_feedforward_layernorm.weight"], a["eps"], one_plus)
         x = x + m

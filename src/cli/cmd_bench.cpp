@@ -1,15 +1,14 @@
-// `lmtune bench ops`: throughput of the kernels that dominate fine-tuning on the chosen device -- TFLOP/s of
-// matmul at square and LLM shapes and of attention (fused and reference), GB/s of the memory-bound ops. Vulkan
-// times are GPU timestamps summed over the op's dispatches (the runtime's profiler); CPU times are wall clock
-// around the op plus a synchronize.
-// Each figure is the median of --reps runs after a warm-up of --warmup seconds (default 1) per op (the first use of a pipeline
-// compiles it, up to 2 s on NVIDIA, and the clocks drop meanwhile).
+// `lmtune bench ops` (and the `bench` command; `bench train` is in cmd_bench_train.cpp): throughput of the
+// kernels that dominate fine-tuning on the chosen device -- TFLOP/s of matmul at square and LLM shapes and of
+// attention (fused and reference), GB/s of the memory-bound ops. Vulkan times are GPU timestamps summed over the
+// op's dispatches (the runtime's profiler); CPU times are wall clock around the op plus a synchronize.
+// Each figure is the median of --reps runs after a warm-up of --warmup seconds (default 1) per op (the first use
+// of a pipeline compiles it, up to 2 s on NVIDIA, and the clocks drop meanwhile).
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cstdio>
 #include <functional>
 #include <memory>
@@ -19,6 +18,7 @@
 #include "backend/vulkan/matmul.h"
 #include "backend/vulkan/recorder.h"
 #include "backend/vulkan/vulkan_backend.h"
+#include "cli/bench_timing.h"
 #include "cli/commands.h"
 #include "core/autodiff.h"
 #include "core/error.h"
@@ -48,54 +48,7 @@ struct Result {
   std::string error;
 };
 
-using Clock = std::chrono::steady_clock;
-double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
-
-bool g_stream = false;     // --stream
-double g_warmup_s = 1.0;   // --warmup: the GPU's clock takes a while to come up after host-side gaps
-
-// Median time of fn in ms after warming up (--stream: mean wall time of reps calls queued back to back).
-double time_op(const std::function<Tensor()>& fn, Device dev, int reps) {
-  Backend& be = backend(dev);
-  auto t0 = Clock::now();
-  for (int i = 0; i < 20000 && (i < 2 || seconds_since(t0) < g_warmup_s); ++i) {
-    fn();
-    if (i % 8 == 7) be.synchronize();  // keep the queue from running far ahead of the clock
-  }
-  be.synchronize();
-  if (g_stream) {
-    auto t = Clock::now();
-    for (int r = 0; r < reps; ++r) fn();
-    be.synchronize();
-    return seconds_since(t) * 1e3 / reps;
-  }
-  bool gpu_timer = dev.is_vulkan() && vk::context_for(dev).features().timestamps;
-  bool was_profiling = vk::profiling();
-  if (gpu_timer) vk::set_profiling(true);
-  // GPU time of one call: growth of the profiler's total (no reset, so --profile keeps its full table).
-  auto total_ns = [] {
-    double ns = 0;
-    for (const auto& [kernel, stats] : vk::profile_stats()) ns += stats.ns;
-    return ns;
-  };
-  std::vector<double> ms;
-  for (int r = 0; r < reps; ++r) {
-    if (gpu_timer) {
-      double before = total_ns();
-      fn();
-      be.synchronize();
-      ms.push_back((total_ns() - before) * 1e-6);
-    } else {
-      auto t = Clock::now();
-      fn();
-      be.synchronize();
-      ms.push_back(seconds_since(t) * 1e3);
-    }
-  }
-  if (gpu_timer) vk::set_profiling(was_profiling);
-  std::sort(ms.begin(), ms.end());
-  return ms[ms.size() / 2];
-}
+TimingOptions g_timing;  // --warmup, --stream
 
 struct MatmulShape {
   int64_t M, N, K;
@@ -152,7 +105,7 @@ Result bench_matmul(const MatmulShape& s, Device dev, int reps) {
   Tensor a = Tensor::randn({s.M, s.K}, 1, 1.0f, s.dtype, dev);
   Tensor b = s.b_transposed ? ops::transpose(Tensor::randn({s.N, s.K}, 2, 1.0f, s.dtype, dev))
                             : Tensor::randn({s.K, s.N}, 2, 1.0f, s.dtype, dev);
-  r.ms = time_op([&] { return ops::matmul(a, b); }, dev, reps);
+  r.ms = time_op([&] { return ops::matmul(a, b); }, dev, reps, g_timing);
   r.kernel = kernel_label(dev);
   r.rate = 2.0 * double(s.M) * double(s.N) * double(s.K) / (r.ms * 1e-3) / 1e12;
   return r;
@@ -193,7 +146,7 @@ Result bench_mem(const MemOp& op, int64_t rows, int64_t cols, Device dev, int re
   Tensor x = Tensor::randn({rows, cols}, 3, 1.0f, op.dtype, dev);
   Tensor y = Tensor::randn({rows, cols}, 4, 1.0f, op.dtype, dev);
   Tensor w = Tensor::randn({cols}, 5, 1.0f, op.dtype, dev);
-  r.ms = time_op([&] { return op.fn(x, y, w); }, dev, reps);
+  r.ms = time_op([&] { return op.fn(x, y, w); }, dev, reps, g_timing);
   r.rate = op.bytes_per_elem * double(rows) * double(cols) / (r.ms * 1e-3) / 1e9;
   return r;
 }
@@ -255,13 +208,6 @@ bool selected(const BenchOptions& o, const std::string& op) {
   return list.find("," + op + ",") != std::string::npos || list.find("," + op.substr(0, op.find(' ')) + ",") != std::string::npos;
 }
 
-std::string device_description(Device dev) {
-  if (dev.is_cpu()) return "cpu";
-  for (const auto& d : vk::list_devices())
-    if (d.index == dev.index) return dev.str() + " " + d.name + " (" + d.driver + ")";
-  return dev.str();
-}
-
 void print_result(const Result& r, const BenchOptions& o, const std::string& device) {
   if (o.json) {
     nlohmann::json j{{"op", r.op}, {"shape", r.shape}, {"dtype", r.dtype}, {"device", device}};
@@ -287,15 +233,12 @@ void run_bench_ops(const std::string& device_opt, const BenchOptions& o) {
   Device dev = default_device();
   bool small = o.sizes == "small";
   if (o.sizes == "auto") {
-    small = dev.is_cpu();
-    for (const auto& d : vk::list_devices())
-      if (dev.is_vulkan() && d.index == dev.index && d.type == "cpu") small = true;  // lavapipe
+    small = is_cpu_class(dev);
   } else if (o.sizes != "small" && o.sizes != "full") {
     throw ConfigError("bench: --sizes must be auto, small or full (got '" + o.sizes + "')");
   }
   std::string desc = device_description(dev);
-  g_stream = o.stream;
-  g_warmup_s = o.warmup_s;
+  g_timing = {o.warmup_s, o.stream};
   if (!o.json) {
     std::printf("lmtune bench ops on %s (%s sizes, median of %d, %s)\n", desc.c_str(), small ? "small" : "full",
                 o.reps, o.stream ? "back to back, wall clock" : dev.is_vulkan() ? "GPU timestamps" : "wall clock");
@@ -359,6 +302,7 @@ void add_bench_command(CLI::App& app, const std::string& device) {
   ops_cmd->add_flag("--stream", o->stream, "Time --reps calls queued back to back (wall clock, one synchronize)");
   ops_cmd->add_flag("--profile", o->profile, "Also print the per-kernel GPU profile (Vulkan)");
   ops_cmd->callback([&device, o] { run_bench_ops(device, *o); });
+  add_bench_train_command(*bench, device);
 }
 
 }  // namespace lmtune::cli

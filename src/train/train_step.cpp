@@ -1,14 +1,39 @@
 // Training step and evaluation (see train_step.h).
 #include "train/train_step.h"
 
+#include <chrono>
 #include <cmath>
 
 #include "core/autodiff.h"
+#include "core/backend.h"
 #include "core/error.h"
 #include "core/ops.h"
 #include "models/linear.h"
 
 namespace lmtune {
+
+namespace {
+
+// Adds the wall time since the last lap to a phase of StepPhaseTimes, after a device synchronize. Without a
+// StepPhaseTimes (the trainer) it does nothing, so the step never waits for the device mid-way.
+class PhaseClock {
+ public:
+  PhaseClock(StepPhaseTimes* times, Device device) : times_(times), device_(device) {}
+  void lap(double StepPhaseTimes::*phase) {
+    if (!times_) return;
+    backend(device_).synchronize();
+    const auto now = std::chrono::steady_clock::now();
+    times_->*phase += std::chrono::duration<double>(now - last_).count();
+    last_ = now;
+  }
+
+ private:
+  StepPhaseTimes* times_;
+  Device device_;
+  std::chrono::steady_clock::time_point last_ = std::chrono::steady_clock::now();
+};
+
+}  // namespace
 
 Tensor batch_loss_sum(const models::Decoder& model, const Batch& b, bool checkpoint_layers) {
   const Device d = model.device();
@@ -39,13 +64,16 @@ StepResult train_step(const models::Decoder& model, Optimizer& opt, LossScaler& 
   // The host reads the micro-batches' losses only after recording every backward pass: no wait for the GPU in
   // the middle of a step. A non-finite loss then skips the step as before (its gradients are discarded).
   std::vector<Tensor> sums;
+  PhaseClock clock(o.phase_times, model.device());
   for (size_t i = 0; i < micro.size(); ++i) {
     if (micro[i].trainable_tokens == 0) continue;
     std::unique_ptr<models::LoraDropoutScope> dropout;
     if (o.dropout) dropout = std::make_unique<models::LoraDropoutScope>(o.seed, uint64_t(o.step), uint64_t(i));
     Tensor sum = batch_loss_sum(model, micro[i], o.checkpoint_layers);
+    clock.lap(&StepPhaseTimes::forward_s);
     backward(ops::scale(sum, weight));
     sums.push_back(sum.detach());
+    clock.lap(&StepPhaseTimes::backward_s);
   }
   double loss_sum = 0;
   for (size_t i = 0; i < sums.size(); ++i) {
@@ -80,6 +108,7 @@ StepResult train_step(const models::Decoder& model, Optimizer& opt, LossScaler& 
   if (o.grad_clip > 0) clip = std::min(1.0, o.grad_clip / (r.grad_norm + 1e-6));
   opt.step(o.lr, clip / loss_scale);
   opt.zero_grad();
+  clock.lap(&StepPhaseTimes::optimizer_s);  // the loss reads, gradient norm, clipping and the update
   r.applied = true;
   return r;
 }

@@ -17,6 +17,13 @@ namespace lmtune {
 // gradients are on). `dropout_step`/`micro` feed the LoRA dropout scope the caller may have opened.
 Tensor batch_loss_sum(const models::Decoder& model, const Batch& batch, bool checkpoint_layers);
 
+// Wall time of a step's phases, summed over its micro-batches (`lmtune bench train`).
+struct StepPhaseTimes {
+  double forward_s = 0;    // forward of each micro-batch up to its loss, then a device synchronize
+  double backward_s = 0;   // backward of each micro-batch, then a device synchronize
+  double optimizer_s = 0;  // loss reads, gradient norm, clipping and the update, then a device synchronize
+};
+
 struct StepOptions {
   double lr = 0;
   double grad_clip = 0;          // 0: no clipping
@@ -24,6 +31,7 @@ struct StepOptions {
   uint64_t seed = 0;             // LoRA dropout masks derive from (seed, step, micro-batch)
   int64_t step = 0;              // 0-based optimizer step
   bool dropout = true;           // open a LoRA dropout scope (adapters with dropout 0 are unaffected)
+  StepPhaseTimes* phase_times = nullptr;  // when set: synchronize after each phase and add its time here
 };
 
 struct StepResult {

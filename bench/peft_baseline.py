@@ -1,0 +1,98 @@
+#!/usr/bin/env python3
+"""PyTorch + transformers + PEFT LoRA training throughput: the baseline for `lmtune bench train`.
+
+Same arguments and JSON fields as `lmtune bench train` (bench/bench_common.py; docs/benchmarks.md), "tool": "peft".
+The step is what a PEFT user writes: a bf16 (or f32) transformers model with attn_implementation="sdpa", LoRA via
+peft.LoraConfig on the modules lmtune's all-linear targets (q, k, v, o, gate, up, down projections; not lm_head),
+adapter weights in f32 (PEFT's autocast_adapter_dtype), loss = model(input_ids, labels=input_ids).loss (the mean
+next-token cross-entropy over B x (T - 1) positions: transformers shifts the labels inside, exactly what lmtune
+computes from its shifted targets), global-norm clipping at 1.0 (lmtune's train.grad_clip default), and
+torch.optim.AdamW with lmtune's defaults (betas 0.9/0.999, eps 1e-8, weight decay 0; torch's default decay is
+0.01), constant learning rate, no dropout. Gradient checkpointing is transformers' non-reentrant one.
+
+  python3 bench/peft_baseline.py --model DIR --seq 2048 --batch 8 --steps 10 --json
+  python3 bench/peft_baseline.py --model DIR ... --batches batches.safetensors --init-adapter DIR --losses
+
+Runs on CUDA (device auto) or the CPU. Needs torch, transformers and peft; nothing is downloaded.
+"""
+import glob
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import bench_common as bc  # noqa: E402
+
+
+def main():
+    a = bc.parser(__doc__.splitlines()[0]).parse_args()
+    bc.check_args(a)
+    try:
+        import torch
+        import transformers
+        import peft
+    except ImportError as e:
+        bc.fail(f"peft_baseline.py needs torch, transformers and peft ({e}); "
+                "on a machine without them use bench/torch_cpu_baseline.py")
+    if a.threads > 0:
+        torch.set_num_threads(a.threads)
+    if a.device == "auto":
+        device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    else:
+        device = torch.device(a.device)
+    cuda = device.type == "cuda"
+    sync = (lambda: torch.cuda.synchronize(device)) if cuda else (lambda: None)
+    dtype = torch.bfloat16 if a.precision == "bf16" else torch.float32
+    torch.manual_seed(a.seed)
+
+    config = transformers.AutoConfig.from_pretrained(a.model)
+    if glob.glob(os.path.join(a.model, "*.safetensors")):
+        model = transformers.AutoModelForCausalLM.from_pretrained(a.model, dtype=dtype, attn_implementation="sdpa")
+        weights = "loaded"
+    else:
+        model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="sdpa").to(dtype)
+        weights = "random (no *.safetensors)"
+    model.config.use_cache = False
+    model.to(device)
+    base_params = sum(p.numel() for p in model.parameters())
+    embed_params = model.get_input_embeddings().weight.numel()
+    if a.grad_checkpointing == "on":
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if a.init_adapter:
+        model = peft.PeftModel.from_pretrained(model, a.init_adapter, is_trainable=True)
+        a.rank = int(model.peft_config["default"].r)
+        a.alpha = float(model.peft_config["default"].lora_alpha)
+    else:
+        model = peft.get_peft_model(model, peft.LoraConfig(r=a.rank, lora_alpha=a.alpha, lora_dropout=0.0,
+                                                           target_modules=a.target_kinds, bias="none",
+                                                           task_type="CAUSAL_LM"))
+    model.train()
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    n_trainable = sum(p.numel() for p in trainable)
+    adapter_dtypes = sorted({str(p.dtype) for p in trainable})
+    optimizer = torch.optim.AdamW(trainable, lr=a.lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0)
+    cfg = config.to_dict()
+    batches = bc.token_batches(torch, a, config.vocab_size)
+    bc.log(f"peft: {cfg.get('model_type')} on {device}, {a.precision}, weights {weights}, batch {a.batch} x seq "
+           f"{a.seq}, rank {a.rank}, checkpointing {a.grad_checkpointing}, {n_trainable} trainable ({adapter_dtypes})")
+
+    def step(ids, phases):
+        loss = model(input_ids=ids, labels=ids, use_cache=False).loss
+        value = loss.item()
+        phases.lap("forward")
+        loss.backward()
+        phases.lap("backward")
+        torch.nn.utils.clip_grad_norm_(trainable, 1.0)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        phases.lap("optimizer")
+        return value
+
+    name = torch.cuda.get_device_name(device) if cuda else "cpu"
+    info = {"batches": batches, "config": cfg, "params_base": base_params, "embed_params": embed_params,
+            "params_trainable": n_trainable, "device_name": f"{device} {name}",
+            "extra": {"transformers": transformers.__version__, "peft": peft.__version__, "weights": weights}}
+    bc.run(torch, a, "peft", device, sync, step, info)
+
+
+if __name__ == "__main__":
+    main()
