@@ -31,6 +31,7 @@ namespace {
 
 struct BenchOptions {
   bool json = false;
+  bool f32_out = false;  // matmul results in f32 whatever the operands
   bool profile = false;
   double warmup_s = 1.0;       // warm-up per op, seconds
   bool stream = false;         // time reps back-to-back calls by wall clock (one synchronize) instead
@@ -49,6 +50,7 @@ struct Result {
 };
 
 TimingOptions g_timing;  // --warmup, --stream
+bool g_f32_out = false;   // --f32-out
 
 struct MatmulShape {
   int64_t M, N, K;
@@ -105,8 +107,9 @@ Result bench_matmul(const MatmulShape& s, Device dev, int reps) {
   Tensor a = Tensor::randn({s.M, s.K}, 1, 1.0f, s.dtype, dev);
   Tensor b = s.b_transposed ? ops::transpose(Tensor::randn({s.N, s.K}, 2, 1.0f, s.dtype, dev))
                             : Tensor::randn({s.K, s.N}, 2, 1.0f, s.dtype, dev);
-  r.ms = time_op([&] { return ops::matmul(a, b); }, dev, reps, g_timing);
-  r.kernel = kernel_label(dev);
+  const DType out = g_f32_out ? DType::f32 : s.dtype;
+  r.ms = time_op([&] { return ops::matmul(a, b, out); }, dev, reps, g_timing);
+  r.kernel = kernel_label(dev) + (g_f32_out ? " f32 out" : "");
   r.rate = 2.0 * double(s.M) * double(s.N) * double(s.K) / (r.ms * 1e-3) / 1e12;
   return r;
 }
@@ -239,6 +242,7 @@ void run_bench_ops(const std::string& device_opt, const BenchOptions& o) {
   }
   std::string desc = device_description(dev);
   g_timing = {o.warmup_s, o.stream};
+  g_f32_out = o.f32_out;
   if (!o.json) {
     std::printf("lmtune bench ops on %s (%s sizes, median of %d, %s)\n", desc.c_str(), small ? "small" : "full",
                 o.reps, o.stream ? "back to back, wall clock" : dev.is_vulkan() ? "GPU timestamps" : "wall clock");
@@ -299,6 +303,7 @@ void add_bench_command(CLI::App& app, const std::string& device) {
   ops_cmd->add_option("--ops", o->only, "Comma list of ops to run (matmul,attention,add,mul,silu,copy,cast,rms_norm,softmax,sum)");
   ops_cmd->add_option("--reps", o->reps, "Timed repetitions per op (median)")->check(CLI::Range(1, 1000));
   ops_cmd->add_option("--warmup", o->warmup_s, "Seconds of warm-up per op (default 1)")->check(CLI::Range(0.0, 60.0));
+  ops_cmd->add_flag("--f32-out", o->f32_out, "Matmul results in f32 (as the fused loss's logits)");
   ops_cmd->add_flag("--stream", o->stream, "Time --reps calls queued back to back (wall clock, one synchronize)");
   ops_cmd->add_flag("--profile", o->profile, "Also print the per-kernel GPU profile (Vulkan)");
   ops_cmd->callback([&device, o] { run_bench_ops(device, *o); });
