@@ -1,6 +1,7 @@
 // Random model initialisation in HF layout (see init_model.h).
 #include "models/init_model.h"
 
+#include <spdlog/spdlog.h>
 #include <yaml-cpp/yaml.h>
 
 #include <cerrno>
@@ -166,7 +167,14 @@ InitResult init_model_dir(const InitOptions& o) {
     for (auto [key, tok_key] : {std::pair{"bos_token_id", "bos_token"}, std::pair{"eos_token_id", "eos_token"},
                                 std::pair{"pad_token_id", "pad_token"}})
       if (!preset.contains(key))
-        if (auto id = special_token_id(o.tokenizer_dir, tok_key)) preset[key] = *id;
+        if (auto id = special_token_id(o.tokenizer_dir, tok_key)) {
+          // A tokenizer bigger than the preset's vocabulary: ids past it would break the model (and HF's loaders).
+          if (int64_t(*id) >= preset["vocab_size"].get<int64_t>())
+            spdlog::warn("{}: the tokenizer's {} ({}) is past the model's vocabulary ({}); {} left unset", where,
+                         tok_key, *id, preset["vocab_size"].get<int64_t>(), key);
+          else
+            preset[key] = *id;
+        }
   }
   DType dtype = o.dtype ? *o.dtype
                         : preset.contains("torch_dtype") && preset["torch_dtype"].is_string()
