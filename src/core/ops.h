@@ -81,6 +81,9 @@ Tensor matmul(const Tensor& a, const Tensor& b);
 Tensor matmul(const Tensor& a, const Tensor& b, DType out_dtype);
 // x [..., K] times weight [N, K] transposed (+ bias [N]): the layout of HF linear layers.
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor());
+// f16/bf16 x [..., K] times an f32 weight [N, K] transposed, on the 16-bit path, with the weight's gradient in f32
+// (core/ops/autocast_linear.cpp): how 16-bit training runs the LoRA factors.
+Tensor autocast_linear(const Tensor& x, const Tensor& weight);
 
 // ---- normalization, rotary embedding, embedding (core/ops/nn.cpp) ----
 Tensor rms_norm(const Tensor& x, const Tensor& weight, float eps);                     // over the last axis

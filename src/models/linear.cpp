@@ -29,17 +29,17 @@ Tensor dropout_mask(const Tensor& x, float p, uint64_t key) {
   return Tensor::from_floats(m, x.shape(), x.dtype(), x.device());
 }
 
-// A LoRA factor in the activations' dtype: f32 factors (the trainer's master weights) run 16-bit products when
-// the activations are 16-bit, as under autocast (the cast's gradient brings the update back to f32).
-Tensor in_dtype_of(const Tensor& factor, const Tensor& x) {
+// x · factorᵀ: with 16-bit activations and an f32 factor (the trainer's master weights) as under autocast, the
+// product on the 16-bit path and the factor's gradient in f32 (ops::autocast_linear).
+Tensor factor_product(const Tensor& x, const Tensor& factor) {
   bool half = x.dtype() == DType::f16 || x.dtype() == DType::bf16;
-  return half && factor.dtype() != x.dtype() ? ops::cast(factor, x.dtype()) : factor;
+  return half && factor.dtype() == DType::f32 ? ops::autocast_linear(x, factor) : ops::linear(x, factor);
 }
 
 // scale · (dropout(x) Aᵀ) Bᵀ: R·(in + out) per token instead of materialising B A.
 Tensor lora_delta(const LoraAdapter& a, const Tensor& x) {
   Tensor in = g_dropout.active && a.dropout > 0 ? ops::mul(x, dropout_mask(x, a.dropout, a.dropout_key)) : x;
-  Tensor up = ops::linear(ops::linear(in, in_dtype_of(a.A, x)), in_dtype_of(a.B, x));
+  Tensor up = factor_product(factor_product(in, a.A), a.B);
   return a.scale == 1.0f ? up : ops::scale(up, a.scale);
 }
 

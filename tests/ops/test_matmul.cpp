@@ -63,6 +63,38 @@ TEST_P(OpTest, MatmulOutputDtype) {
                lmtune::ShapeError);
 }
 
+// 16-bit activations times an f32 master weight: the product on the 16-bit path, the weight's gradient in f32
+// (as accurate as f32 arithmetic on the same 16-bit operands, not rounded to bf16).
+TEST_P(OpTest, AutocastLinear) {
+  for (DType dt : {DType::bf16, DType::f16}) {
+    LMTUNE_CASE(dtype_name(dt));
+    Tensor x = make_input({3, 13, 33}, dt, dev(), 76);
+    Tensor w = make_input({17, 33}, DType::f32, dev(), 77);
+    Tensor c = ops::cast(make_input({3, 13, 17}, DType::f32, dev(), 78), dt);  // the cotangent, in x's dtype
+    Tensor y = ops::autocast_linear(x, w);
+    EXPECT_EQ(y.dtype(), dt);
+    ref::Array w16 = ref::of(ops::cast(w, dt));
+    EXPECT_TRUE(close(y, ref::linear(ref::of(x), w16, nullptr), dt));
+    auto loss = [&](const std::vector<Tensor>& in) {
+      return std::vector<Tensor>{ops::sum_all(ops::cast(ops::mul(ops::autocast_linear(in[0], in[1]), c), DType::f32))};
+    };
+    auto [value, grads] = value_and_grad(loss)({x, w});
+    ASSERT_EQ(grads[1].dtype(), DType::f32);
+    ref::Array x2 = ref::reshape(ref::of(x), {39, 33}), c2 = ref::reshape(ref::of(c), {39, 17});
+    EXPECT_TRUE(close(grads[1], ref::matmul(ref::transpose(c2, 0, 1), x2), DType::f32));
+    EXPECT_TRUE(close(grads[0], ref::reshape(ref::matmul(c2, w16), {3, 13, 33}), dt));
+    // Forward-mode agrees with the reverse-mode gradient: <J t, c> = <t, Jᵀ c>.
+    Tensor tw = make_input({17, 33}, DType::f32, dev(), 79);
+    auto f = [&](const std::vector<Tensor>& in) { return std::vector<Tensor>{ops::autocast_linear(in[0], in[1])}; };
+    Tensor jt = jvp(f, {x, w}, {Tensor::zeros(x.shape(), dt, dev()), tw}).second[0];
+    double lhs = ops::sum_all(ops::mul(ops::cast(jt, DType::f32), ops::cast(c, DType::f32))).item();
+    double rhs = ops::sum_all(ops::mul(grads[1], tw)).item();
+    EXPECT_NEAR(lhs, rhs, 2e-2 * std::abs(rhs) + 1e-3);
+  }
+  EXPECT_THROW(ops::autocast_linear(make_input({2, 3}, DType::f32, dev(), 80), make_input({4, 3}, DType::f32, dev(), 81)),
+               lmtune::ShapeError);
+}
+
 TEST_P(OpTest, Linear) {
   for (DType dt : float_dtypes())
     for (Layout lx : {Layout::contiguous, Layout::transposed, Layout::strided}) {
