@@ -1,6 +1,10 @@
 // The fused gated activation act(gate) * up (SwiGLU / GeGLU) against a double reference and against the
 // composition of separate ops (ops::gated_activation_reference), forward and gradients, on every device.
+#include <chrono>
+#include <cstdio>
+
 #include "core/autodiff.h"
+#include "core/backend.h"
 #include "core/error.h"
 #include "ops/op_test_util.h"
 
@@ -76,6 +80,41 @@ TEST_P(OpTest, GatedActivationGradientsMatchComposition) {
       auto [yc2, tc] = lmtune::jvp(composed, {gate, up}, {tg, tu});
       EXPECT_TRUE(close(tf[0], ref::of(tc[0]), dt)) << "jvp";
     }
+}
+
+// What the fused op saves for backward: gate and up only. Over forward + backward of a [T, I] block (inputs that
+// require grad, a loss that keeps nothing), the composition also holds act(gate) — one more [T, I] tensor — at
+// its peak. Prints both peaks and the wall time of each (a warm run, small; indicative only).
+TEST_P(OpTest, GatedActivationSavesLessThanComposition) {
+  const Shape s{96, 1031};
+  const size_t block = size_t(numel(s)) * 4;
+  size_t peaks[2];
+  double ms[2];
+  for (int run = 0; run < 4; ++run) {  // composed, fused, composed, fused: the second pair is reported (warm)
+    const int fused = run % 2;
+    Tensor gate = make_input(s, DType::f32, dev(), 51, Layout::contiguous, 0.1f, 3.0f);
+    Tensor up = make_input(s, DType::f32, dev(), 52);
+    gate.set_requires_grad(true);
+    up.set_requires_grad(true);
+    Backend& be = backend(dev());
+    be.synchronize();
+    size_t base = be.bytes_in_use();
+    be.reset_peak();
+    auto t0 = std::chrono::steady_clock::now();
+    {
+      Tensor y = fused ? ops::gated_activation(gate, up, ops::GateActivation::silu)
+                       : ops::gated_activation_reference(gate, up, ops::GateActivation::silu);
+      backward(y, Tensor::full(s, 0.5f, DType::f32, dev()));
+    }
+    be.synchronize();
+    ms[fused] = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    peaks[fused] = be.peak_bytes() - base;
+    EXPECT_TRUE(gate.grad().defined() && up.grad().defined());
+  }
+  std::printf("  gated activation [96, 1031] f32 forward + backward on %s: peak %zu KiB fused, %zu KiB composed; "
+              "%.2f ms fused, %.2f ms composed\n",
+              dev().is_cpu() ? "cpu" : "vulkan", peaks[1] / 1024, peaks[0] / 1024, ms[1], ms[0]);
+  EXPECT_LE(peaks[1] + block, peaks[0]);
 }
 
 TEST_P(OpTest, GatedActivationBadInputs) {
