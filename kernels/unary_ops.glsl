@@ -42,4 +42,20 @@ float unary_op(uint op, float x, float p) {
   return x;
 }
 
+// d act(x) / dx of the gate activations (silu, gelu_tanh, gelu_erf), as backend/cpu/elementwise.cpp computes it.
+float gate_derivative(uint op, float x) {
+  if (op == 8u) {  // s (1 + x (1 - s))
+    float s = 1.0 / (1.0 + exp(-x));
+    return s * (1.0 + x * (1.0 - s));
+  }
+  if (op == 9u) {  // 0.5 (1 + t) + 0.5 x (1 - t^2) c (1 + 3 * 0.044715 x^2)
+    const float c = 0.7978845608028654;
+    float t = tanh_f32(c * (x + 0.044715 * x * x * x));
+    return 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * c * (1.0 + 3.0 * 0.044715 * x * x);
+  }
+  if (op == 10u)  // Phi(x) + x phi(x)
+    return 0.5 * (1.0 + erf_f32(x * 0.7071067811865476)) + x * 0.3989422804014327 * exp(-0.5 * x * x);
+  return 0.0;
+}
+
 #endif

@@ -48,6 +48,12 @@ Tensor greater_equal(const Tensor& a, const Tensor& b);          // 1 where a >=
 // where(cond, a, b): cond is i32 (nonzero = take a) or float (nonzero = take a); all three broadcast.
 Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b);
 Tensor masked_fill(const Tensor& x, const Tensor& mask, float value);  // value where mask != 0
+// The gated MLP activation act(gate) * up in one pass (SwiGLU: silu, GeGLU: gelu_tanh / gelu_erf); gate and up
+// have one shape and float dtype. Its vjp is one fused kernel producing both gradients and saves only gate and up.
+enum class GateActivation { silu, gelu_tanh, gelu_erf };
+Tensor gated_activation(const Tensor& gate, const Tensor& up, GateActivation act);
+// The same as a composition of unary ops and mul: the oracle of the tests (and LMTUNE_FUSED_GLU=0 in the decoder).
+Tensor gated_activation_reference(const Tensor& gate, const Tensor& up, GateActivation act);
 
 // ---- reductions (core/ops/reduce.cpp) ----
 Tensor sum(const Tensor& x, const std::vector<int>& axes, bool keepdims = false);

@@ -45,6 +45,13 @@ Tensor softcap(const Tensor& x, double cap) {
   return ops::scale(ops::tanh(ops::scale(x, float(1.0 / cap))), float(cap));
 }
 
+// The MLP's act(gate) * up as one fused op, unless LMTUNE_FUSED_GLU=0. Read on every call (once per layer), so
+// a process can compare both paths.
+bool fused_glu() {
+  const char* s = std::getenv("LMTUNE_FUSED_GLU");
+  return !(s && std::string(s) == "0");
+}
+
 void check_ids(const Tensor& t, const char* what, const Shape& shape) {
   if (t.dtype() != DType::i32 || t.shape() != shape)
     throw ShapeError(std::string("decoder: ") + what + " must be i32 " + to_string(shape) + ", got " +
@@ -340,12 +347,17 @@ Tensor Decoder::layer_forward(int index, const Tensor& x, const Tensor& position
   // ---- MLP ----
   h = norm(r, w.pre_mlp_norm);
   Tensor gate = w.mlp.gate(h, options.row_adapters);
+  Tensor up = w.mlp.up(h, options.row_adapters);
+  ops::GateActivation act = ops::GateActivation::silu;
   switch (config_.hidden_act) {
-    case Activation::silu: gate = ops::silu(gate); break;
-    case Activation::gelu_tanh: gate = ops::gelu_tanh(gate); break;
-    case Activation::gelu_erf: gate = ops::gelu_erf(gate); break;
+    case Activation::silu: act = ops::GateActivation::silu; break;
+    case Activation::gelu_tanh: act = ops::GateActivation::gelu_tanh; break;
+    case Activation::gelu_erf: act = ops::GateActivation::gelu_erf; break;
   }
-  Tensor m = w.mlp.down(ops::mul(gate, w.mlp.up(h, options.row_adapters)), options.row_adapters);
+  // act(gate) * up in one fused kernel (its backward saves only gate and up); LMTUNE_FUSED_GLU=0 selects the
+  // composition of separate ops (A/B comparisons).
+  Tensor gated = fused_glu() ? ops::gated_activation(gate, up, act) : ops::gated_activation_reference(gate, up, act);
+  Tensor m = w.mlp.down(gated, options.row_adapters);
   if (config_.sandwich_norms) m = norm(m, w.post_mlp_norm);
   return ops::add(r, m);
 }

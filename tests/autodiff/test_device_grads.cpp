@@ -45,6 +45,21 @@ TEST_P(DeviceGrads, Unary) {
     }
 }
 
+TEST_P(DeviceGrads, GatedActivation) {
+  for (DType dt : float_dtypes())
+    for (ops::GateActivation act :
+         {ops::GateActivation::silu, ops::GateActivation::gelu_tanh, ops::GateActivation::gelu_erf}) {
+      LMTUNE_CASE(int(act) << " " << dtype_name(dt));
+      compare(two([act](const Tensor& g, const Tensor& u) { return ops::gated_activation(g, u, act); },
+                  [=](Device d) { return make_input({3, 7}, dt, d, 12, Layout::transposed, 0.1f, 3.0f); },
+                  [=](Device d) { return make_input({3, 7}, dt, d, 13, Layout::strided); }));
+      // The output transposed, so that the vjp receives a non-contiguous cotangent.
+      compare(two([act](const Tensor& g, const Tensor& u) { return ops::transpose(ops::gated_activation(g, u, act)); },
+                  [=](Device d) { return make_input({2, 5, 9}, dt, d, 14, Layout::contiguous, 0.1f, 3.0f); },
+                  [=](Device d) { return make_input({2, 5, 9}, dt, d, 15); }));
+    }
+}
+
 TEST_P(DeviceGrads, BinaryWithBroadcast) {
   struct Case {
     const char* name;

@@ -39,6 +39,28 @@ TEST(OpGrads, Unary) {
   }
 }
 
+TEST(OpGrads, GatedActivation) {
+  struct Case {
+    const char* name;
+    ops::GateActivation act;
+    double (*ref)(double);
+  };
+  const std::vector<Case> cases{
+      {"silu", ops::GateActivation::silu, [](double x) { return x / (1 + std::exp(-x)); }},
+      {"gelu_tanh", ops::GateActivation::gelu_tanh,
+       [](double x) { return 0.5 * x * (1 + std::tanh(std::sqrt(2 / M_PI) * (x + 0.044715 * x * x * x))); }},
+      {"gelu_erf", ops::GateActivation::gelu_erf, [](double x) { return 0.5 * x * (1 + std::erf(x / std::sqrt(2.0))); }},
+  };
+  for (const auto& c : cases) {
+    LMTUNE_CASE(c.name);
+    check_gradients([&](const V& in) { return V{ops::gated_activation(in[0], in[1], c.act)}; },
+                    [&](const RA& in) {
+                      return RA{ref::binary(ref::unary(in[0], c.ref), in[1], [](double a, double b) { return a * b; })};
+                    },
+                    {f32_input({3, 7}, 15, Layout::transposed, 0.1f, 3.0f), f32_input({3, 7}, 16, Layout::strided)});
+  }
+}
+
 TEST(OpGrads, BinaryWithBroadcast) {
   struct Case {
     const char* name;

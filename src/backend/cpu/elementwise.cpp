@@ -1,4 +1,4 @@
-// CPU kernels for elementwise ops: rows are converted to f32, computed, and converted back.
+// CPU kernels for elementwise ops (and the fused gated activation): rows are converted to f32, computed, and converted back.
 #include <cmath>
 #include <vector>
 
@@ -27,6 +27,25 @@ float apply_unary(UnaryOp op, float x, float p) {
     case UnaryOp::add_scalar: return x + p;
   }
   return x;
+}
+
+// d act(x) / dx for the gate activations (the formulas of Unary::derivative, in f32).
+float gate_derivative(UnaryOp op, float x) {
+  switch (op) {
+    case UnaryOp::silu: {  // s (1 + x (1 - s))
+      float s = 1.0f / (1.0f + std::exp(-x));
+      return s * (1.0f + x * (1.0f - s));
+    }
+    case UnaryOp::gelu_tanh: {  // 0.5 (1 + t) + 0.5 x (1 - t²) c (1 + 3·0.044715 x²)
+      const float c = 0.7978845608028654f;
+      float t = std::tanh(c * (x + 0.044715f * x * x * x));
+      return 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * c * (1.0f + 3.0f * 0.044715f * x * x);
+    }
+    case UnaryOp::gelu_erf:  // Φ(x) + x φ(x)
+      return 0.5f * (1.0f + std::erf(x * 0.7071067811865476f)) +
+             x * 0.3989422804014327f * std::exp(-0.5f * x * x);
+    default: return 0.0f;  // not a gate activation (ops::gated_activation admits only the three above)
+  }
 }
 
 float apply_binary(BinaryOp op, float a, float b) {
@@ -92,6 +111,51 @@ void Binary::eval_cpu(const std::vector<Tensor>& in, std::vector<Tensor>& out) {
                       cpu::load_row(bp + o[1] * es, b.dtype(), s[1], n, vb);
                       apply_binary_row(op, va, vb, n);
                       cpu::store_row(yp + o[2] * ys, y.dtype(), s[2], n, va);
+                    });
+}
+
+// y = act(gate) * up, one pass over the (possibly strided) inputs.
+void GatedActivation::eval_cpu(const std::vector<Tensor>& in, std::vector<Tensor>& out) {
+  const Tensor &gate = in[0], &up = in[1];
+  Tensor& y = out[0];
+  char *gp = cpu::base_ptr(gate), *up_p = cpu::base_ptr(up), *yp = cpu::base_ptr(y);
+  size_t gs = dtype_size(gate.dtype()), us = dtype_size(up.dtype()), ys = dtype_size(y.dtype());
+  cpu::for_each_span(y.shape(), {gate.strides(), up.strides(), y.strides()},
+                    [&](const int64_t* o, const int64_t* s, int64_t n) {
+                      float* vg = cpu::scratch(0, n);
+                      float* vu = cpu::scratch(1, n);
+                      cpu::load_row(gp + o[0] * gs, gate.dtype(), s[0], n, vg);
+                      cpu::load_row(up_p + o[1] * us, up.dtype(), s[1], n, vu);
+                      for (int64_t i = 0; i < n; ++i) vg[i] = apply_unary(act, vg[i], 0) * vu[i];
+                      cpu::store_row(yp + o[2] * ys, y.dtype(), s[2], n, vg);
+                    });
+}
+
+// d_gate = g * up * act'(gate), d_up = g * act(gate), both from one read of gate, up and g.
+void GatedActivationBackward::eval_cpu(const std::vector<Tensor>& in, std::vector<Tensor>& out) {
+  const Tensor &gate = in[0], &up = in[1], &g = in[2];
+  Tensor &d_gate = out[0], &d_up = out[1];
+  const Tensor* t[5] = {&gate, &up, &g, &d_gate, &d_up};
+  char* p[5];
+  size_t es[5];
+  for (int k = 0; k < 5; ++k) {
+    p[k] = cpu::base_ptr(*t[k]);
+    es[k] = dtype_size(t[k]->dtype());
+  }
+  cpu::for_each_span(gate.shape(), {gate.strides(), up.strides(), g.strides(), d_gate.strides(), d_up.strides()},
+                    [&](const int64_t* o, const int64_t* s, int64_t n) {
+                      float* vx = cpu::scratch(0, n);
+                      float* vu = cpu::scratch(1, n);
+                      float* vg = cpu::scratch(2, n);
+                      for (int k = 0; k < 3; ++k)
+                        cpu::load_row(p[k] + o[k] * es[k], t[k]->dtype(), s[k], n, k == 0 ? vx : k == 1 ? vu : vg);
+                      for (int64_t i = 0; i < n; ++i) {
+                        float x = vx[i];
+                        vx[i] = vg[i] * vu[i] * gate_derivative(act, x);
+                        vu[i] = vg[i] * apply_unary(act, x, 0);
+                      }
+                      cpu::store_row(p[3] + o[3] * es[3], d_gate.dtype(), s[3], n, vx);
+                      cpu::store_row(p[4] + o[4] * es[4], d_up.dtype(), s[4], n, vu);
                     });
 }
 

@@ -1,5 +1,5 @@
-// Vulkan kernels for the elementwise primitives (unary, binary, where) and the strided elementwise launcher that
-// copy.cpp shares. Kernel: kernels/elementwise.comp.
+// Vulkan kernels for the elementwise primitives (unary, binary, where, the fused gated activation) and the strided
+// elementwise launcher that copy.cpp shares. Kernels: kernels/elementwise.comp, kernels/gated_activation.comp.
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
@@ -116,6 +116,48 @@ void Binary::eval_vulkan(const std::vector<Tensor>& in, std::vector<Tensor>& out
 
 void Where::eval_vulkan(const std::vector<Tensor>& in, std::vector<Tensor>& out) {
   vk::run_elementwise("where", {in[0], in[1], in[2], out[0]}, 0, 0);
+}
+
+namespace {
+
+// Push constants of kernels/gated_activation.comp.
+struct GatedActivationPush {
+  uint32_t n;
+  uint32_t offsets[5];
+  uint32_t dtypes;
+  uint32_t op;
+};
+static_assert(sizeof(GatedActivationPush) <= 128);
+
+// Runs the forward (gate, up, y) or backward (gate, up, g, d_gate, d_up) kernel; inputs are made dense first, the
+// outputs are fresh (dense) tensors.
+void run_gated_activation(const std::string& kernel, UnaryOp act, const std::vector<Tensor>& inputs,
+                          const std::vector<Tensor>& outputs) {
+  std::vector<Tensor> tensors;
+  for (const Tensor& t : inputs) tensors.push_back(vk::dense(t));
+  for (const Tensor& t : outputs) tensors.push_back(t);
+  GatedActivationPush p{};
+  p.n = vk::u32(outputs[0].numel(), "element count");
+  if (p.n == 0) return;
+  std::vector<vk::Binding> b;
+  for (size_t t = 0; t < tensors.size(); ++t) {
+    p.offsets[t] = vk::elem_offset(tensors[t]);
+    p.dtypes |= uint32_t(tensors[t].dtype()) << (4 * t);
+    b.push_back(t < inputs.size() ? vk::in(tensors[t]) : vk::out(tensors[t]));
+  }
+  p.op = uint32_t(act);
+  vk::Context& ctx = vk::context_for(outputs[0].device());
+  ctx.dispatch(vk::variant(ctx, kernel), b, p, vk::groups_1d(p.n, 256), {256});
+}
+
+}  // namespace
+
+void GatedActivation::eval_vulkan(const std::vector<Tensor>& in, std::vector<Tensor>& out) {
+  run_gated_activation("gated_activation", act, in, out);
+}
+
+void GatedActivationBackward::eval_vulkan(const std::vector<Tensor>& in, std::vector<Tensor>& out) {
+  run_gated_activation("gated_activation_backward", act, in, out);
 }
 
 }  // namespace lmtune

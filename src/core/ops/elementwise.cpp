@@ -214,6 +214,37 @@ std::vector<Tensor> Where::jvp(const Node& node, const std::vector<Tensor>& t) {
   return {r};
 }
 
+// ---- gated activation ----
+
+std::vector<Tensor> GatedActivation::vjp(const Node& node, const std::vector<Tensor>& cot,
+                                         const std::vector<bool>& wanted) {
+  const Tensor& g = cot[0];
+  if (!g.defined()) return {Tensor(), Tensor()};
+  const Tensor& gate = node.inputs[0];
+  const Tensor& up = node.inputs[1];
+  std::vector<Tensor> grads = apply(std::make_shared<GatedActivationBackward>(act), {gate, up, g},
+                                    {{gate.shape(), gate.dtype()}, {up.shape(), up.dtype()}});
+  for (size_t i = 0; i < 2; ++i)
+    if (!wanted[i]) grads[i] = Tensor();
+  return grads;
+}
+
+std::vector<Tensor> GatedActivation::jvp(const Node& node, const std::vector<Tensor>& t) {
+  // d(act(gate) up) = act'(gate) up t_gate + act(gate) t_up: the backward kernel's d_gate with g = t_gate, plus
+  // the forward kernel applied to (gate, t_up).
+  const Tensor& gate = node.inputs[0];
+  const Tensor& up = node.inputs[1];
+  Tensor r;
+  if (t[0].defined())
+    r = apply(std::make_shared<GatedActivationBackward>(act), {gate, up, t[0]},
+              {{gate.shape(), gate.dtype()}, {up.shape(), up.dtype()}})[0];
+  if (t[1].defined()) {
+    Tensor from_up = apply1(std::make_shared<GatedActivation>(act), {gate, t[1]}, {gate.shape(), gate.dtype()});
+    r = r.defined() ? ops::add(r, from_up) : from_up;
+  }
+  return {r};
+}
+
 // ---- op functions ----
 
 namespace ops {
@@ -249,6 +280,31 @@ Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b) {
 
 Tensor masked_fill(const Tensor& x, const Tensor& mask, float value) {
   return where(mask, Tensor::full({}, value, x.dtype(), x.device()), x);
+}
+
+namespace {
+UnaryOp gate_unary_op(GateActivation act) {
+  switch (act) {
+    case GateActivation::silu: return UnaryOp::silu;
+    case GateActivation::gelu_tanh: return UnaryOp::gelu_tanh;
+    case GateActivation::gelu_erf: return UnaryOp::gelu_erf;
+  }
+  throw ShapeError("gated_activation: unknown activation " + std::to_string(int(act)));
+}
+}  // namespace
+
+Tensor gated_activation(const Tensor& gate, const Tensor& up, GateActivation act) {
+  UnaryOp op = gate_unary_op(act);
+  require_float(gate, "gated_activation");
+  if (gate.shape() != up.shape() || gate.dtype() != up.dtype())
+    throw ShapeError("gated_activation: gate " + std::string(dtype_name(gate.dtype())) + " " + to_string(gate.shape()) +
+                     " and up " + std::string(dtype_name(up.dtype())) + " " + to_string(up.shape()) +
+                     " must have the same shape and dtype");
+  return apply1(std::make_shared<GatedActivation>(op), {gate, up}, {gate.shape(), gate.dtype()});
+}
+
+Tensor gated_activation_reference(const Tensor& gate, const Tensor& up, GateActivation act) {
+  return mul(unary(gate_unary_op(act), gate), up);
 }
 
 }  // namespace ops

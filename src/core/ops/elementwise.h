@@ -1,4 +1,4 @@
-// Elementwise primitives: unary maps, broadcasting binary ops and where. Kernels: backend/{cpu,vulkan}/elementwise.cpp.
+// Elementwise primitives: unary maps, broadcasting binary ops, where, and the fused gated activation. Kernels: backend/{cpu,vulkan}/elementwise.cpp.
 #pragma once
 #include "core/primitive.h"
 
@@ -58,6 +58,35 @@ class Where final : public Primitive {
   bool has_jvp() const override { return true; }
   std::vector<Tensor> vjp(const Node& node, const std::vector<Tensor>& cot, const std::vector<bool>& wanted) override;
   std::vector<Tensor> jvp(const Node& node, const std::vector<Tensor>& tangents) override;
+};
+
+// out = act(gate) * up for act one of silu, gelu_tanh, gelu_erf (the UnaryOp code, shared with the kernels).
+// Inputs gate, up of one shape and dtype; vjp: GatedActivationBackward on the saved inputs (act(gate) is not
+// saved); jvp: that kernel for the gate's tangent plus gated_activation(gate, t_up).
+class GatedActivation final : public Primitive {
+ public:
+  explicit GatedActivation(UnaryOp act) : act(act) {}
+  const char* name() const override { return "gated_activation"; }
+  void eval_cpu(const std::vector<Tensor>& in, std::vector<Tensor>& out) override;
+  void eval_vulkan(const std::vector<Tensor>& in, std::vector<Tensor>& out) override;
+  bool has_vjp() const override { return true; }
+  bool has_jvp() const override { return true; }
+  std::vector<Tensor> vjp(const Node& node, const std::vector<Tensor>& cot, const std::vector<bool>& wanted) override;
+  std::vector<Tensor> jvp(const Node& node, const std::vector<Tensor>& tangents) override;
+
+  UnaryOp act;
+};
+
+// Inputs gate, up, g (one shape, any float dtypes); outputs d_gate = g * up * act'(gate) (gate's dtype) and
+// d_up = g * act(gate) (up's dtype), in one pass. Not differentiable itself.
+class GatedActivationBackward final : public Primitive {
+ public:
+  explicit GatedActivationBackward(UnaryOp act) : act(act) {}
+  const char* name() const override { return "gated_activation_backward"; }
+  void eval_cpu(const std::vector<Tensor>& in, std::vector<Tensor>& out) override;
+  void eval_vulkan(const std::vector<Tensor>& in, std::vector<Tensor>& out) override;
+
+  UnaryOp act;
 };
 
 // A view of `t` broadcast to `shape` (stride 0 on broadcast axes), for kernels.
