@@ -142,6 +142,20 @@ def peak_rss_bytes():
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
+def backward_and_update(torch, loss, trainable, optimizer, phases):
+    """The rest of one training step after the forward pass, the same for every baseline: backward, clipping at
+    1.0 (as lmtune), AdamW, each phase timed. Returns the loss value."""
+    value = loss.item()
+    phases.lap("forward")
+    loss.backward()
+    phases.lap("backward")
+    torch.nn.utils.clip_grad_norm_(trainable, 1.0)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    phases.lap("optimizer")
+    return value
+
+
 def run(torch, a, tool, device, sync, model_step, info):
     """The timed loop. model_step(ids, phases) runs one training step on [B, T] ids, calling phases.lap(name)
     after the forward (loss on the host), the backward and the optimizer; it returns the loss."""

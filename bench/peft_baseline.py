@@ -77,15 +77,7 @@ def main():
 
     def step(ids, phases):
         loss = model(input_ids=ids, labels=ids, use_cache=False).loss
-        value = loss.item()
-        phases.lap("forward")
-        loss.backward()
-        phases.lap("backward")
-        torch.nn.utils.clip_grad_norm_(trainable, 1.0)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        phases.lap("optimizer")
-        return value
+        return bc.backward_and_update(torch, loss, trainable, optimizer, phases)
 
     name = torch.cuda.get_device_name(device) if cuda else "cpu"
     info = {"batches": batches, "config": cfg, "params_base": base_params, "embed_params": embed_params,

@@ -175,15 +175,7 @@ def main():
         for m, (A, Bm) in lora.items():
             q[m + ".lora_A"], q[m + ".lora_B"] = A.to(dtype), Bm.to(dtype)
         loss = rm.loss_fn(rm.forward(spec, q, ids, positions, doc_ids).float(), targets)
-        value = loss.item()
-        phases.lap("forward")
-        loss.backward()
-        phases.lap("backward")
-        torch.nn.utils.clip_grad_norm_(trainable, 1.0)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        phases.lap("optimizer")
-        return value
+        return bc.backward_and_update(torch, loss, trainable, optimizer, phases)
 
     info = {"batches": batches, "config": cfg, "params_base": base_params,
             "embed_params": p["model.embed_tokens.weight"].numel(), "params_trainable": n_trainable,
