@@ -195,10 +195,10 @@ Result bench_attention(const AttentionShape& a, Device dev, int reps) {
                                        : ops::attention_reference(in[0], in[1], in[2], opt)};
   };
   if (a.backward) {
-    r.ms = time_op([&] { return vjp(attend, {q, k, v}, {d_o}).second[0]; }, dev, reps);
+    r.ms = time_op([&] { return vjp(attend, {q, k, v}, {d_o}).second[0]; }, dev, reps, g_timing);
   } else {
     NoGrad no_grad;
-    r.ms = time_op([&] { return attend({q, k, v})[0]; }, dev, reps);
+    r.ms = time_op([&] { return attend({q, k, v})[0]; }, dev, reps, g_timing);
   }
   double fwd = 4.0 * double(a.B * a.H) * double(a.T) * double(a.T) * double(a.D) / 2;
   r.rate = (a.backward ? 3.5 * fwd : fwd) / (r.ms * 1e-3) / 1e12;
