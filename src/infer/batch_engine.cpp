@@ -135,16 +135,10 @@ void BatchEngine::step() {
   const Device dev = decoder_.device();
   auto t0 = Clock::now();
   const int64_t B = size();
-  std::vector<int32_t> ids(static_cast<size_t>(B)), pos(static_cast<size_t>(B));
-  for (int64_t b = 0; b < B; ++b) {
-    Sequence* s = rows_[size_t(b)];
-    ids[size_t(b)] = s->last_;
-    pos[size_t(b)] = int32_t(s->position_);
-    if (!s->finished()) {
-      ++s->position_;
-      ++stats_.decode_tokens;
-    }
-  }
+  DecodeInputs in = decode_inputs(rows_);
+  stats_.decode_tokens += in.running;
+  const std::vector<int32_t>& ids = in.ids;
+  const std::vector<int32_t>& pos = in.positions;
   Tensor logits = last_logits(Tensor::from_ints(ids, {B, 1}, dev), Tensor::from_ints(pos, {B, 1}, dev), Tensor(),
                               *cache_, groups_);
   sample_rows(logits, rows_);

@@ -136,6 +136,21 @@ PaddedPrompts left_pad_prompts(const std::vector<Sequence*>& seqs) {
   return r;
 }
 
+DecodeInputs decode_inputs(const std::vector<Sequence*>& rows) {
+  DecodeInputs r;
+  r.ids.reserve(rows.size());
+  r.positions.reserve(rows.size());
+  for (Sequence* s : rows) {
+    r.ids.push_back(s->last_);
+    r.positions.push_back(int32_t(s->position_));
+    if (!s->finished()) {
+      ++s->position_;
+      ++r.running;
+    }
+  }
+  return r;
+}
+
 void sample_rows(const Tensor& logits, const std::vector<Sequence*>& rows) {
   const int64_t B = logits.dim(0), V = logits.dim(1);
   bool full = false;
@@ -221,16 +236,10 @@ int64_t Session::step() {
   const Device dev = decoder_.device();
   auto t0 = Clock::now();
   const int64_t B = int64_t(rows_.size());
-  std::vector<int32_t> ids(static_cast<size_t>(B)), pos(static_cast<size_t>(B));
-  for (int64_t b = 0; b < B; ++b) {
-    Sequence* s = rows_[size_t(b)];
-    ids[size_t(b)] = s->last_;
-    pos[size_t(b)] = int32_t(s->position_);
-    if (!s->finished()) {
-      ++s->position_;
-      ++stats_.decode_tokens;
-    }
-  }
+  DecodeInputs in = decode_inputs(rows_);
+  stats_.decode_tokens += in.running;
+  const std::vector<int32_t>& ids = in.ids;
+  const std::vector<int32_t>& pos = in.positions;
   Tensor logits;
   if (options_.use_cache) {
     logits = forward_last(Tensor::from_ints(ids, {B, 1}, dev), Tensor::from_ints(pos, {B, 1}, dev), Tensor());

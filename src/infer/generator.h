@@ -53,6 +53,14 @@ struct PaddedPrompts {
 };
 PaddedPrompts left_pad_prompts(const std::vector<Sequence*>& seqs);
 
+// One decode step's inputs: each row's last token and its position, [B] each. Advances the position of every
+// unfinished row and returns how many there are (the step's decode tokens).
+struct DecodeInputs {
+  std::vector<int32_t> ids, positions;
+  int64_t running = 0;
+};
+DecodeInputs decode_inputs(const std::vector<Sequence*>& rows);
+
 class Sequence {
  public:
   // `tokenizer` (may be null: no text, no stop strings) must outlive the sequence.
@@ -73,6 +81,7 @@ class Sequence {
   friend class BatchEngine;
   friend void sample_rows(const Tensor& logits, const std::vector<Sequence*>& rows);
   friend PaddedPrompts left_pad_prompts(const std::vector<Sequence*>& seqs);
+  friend DecodeInputs decode_inputs(const std::vector<Sequence*>& rows);
   void accept(int32_t id);  // one sampled id: stop checks, streaming
   void finish(FinishReason reason);
   std::vector<int32_t> history() const;  // prompt + generated, for the repetition penalty
