@@ -111,23 +111,27 @@ uvec4 rb[B_LD];
 uint a_e[A_LD];  // element offset of each staged chunk at k = 0 (add k0 * k-stride)
 uint b_e[B_LD];
 
-// 8 consecutive elements starting at element e (a multiple of 8; f32: of 4) as f16 pairs.
+// 8 consecutive elements starting at element e (a multiple of 8; f32: of 4): f16 and bf16 as loaded (the raw
+// words stay in registers while the tensor cores work; bf16 becomes f16 only in shared_store, so the load's
+// latency is not waited for before the multiply-adds), f32 converted to f16 pairs here.
 #define VEC8_FN(NAME, BUF)                                                                            \
   uvec4 NAME(uint dt, uint e) {                                                                       \
-    if (dt == DT_F16) return BUF[e >> 3];                                                             \
-    if (dt == DT_BF16) {                                                                              \
-      uvec4 w = BUF[e >> 3];                                                                          \
-      return uvec4(packHalf2x16(vec2(uintBitsToFloat(w.x << 16), uintBitsToFloat(w.x & 0xffff0000u))), \
-                   packHalf2x16(vec2(uintBitsToFloat(w.y << 16), uintBitsToFloat(w.y & 0xffff0000u))), \
-                   packHalf2x16(vec2(uintBitsToFloat(w.z << 16), uintBitsToFloat(w.z & 0xffff0000u))), \
-                   packHalf2x16(vec2(uintBitsToFloat(w.w << 16), uintBitsToFloat(w.w & 0xffff0000u)))); \
-    }                                                                                                 \
+    if (dt != DT_F32) return BUF[e >> 3];                                                             \
     uvec4 w0 = BUF[e >> 2], w1 = BUF[(e >> 2) + 1u];                                                  \
     return uvec4(packHalf2x16(uintBitsToFloat(w0.xy)), packHalf2x16(uintBitsToFloat(w0.zw)),          \
                  packHalf2x16(uintBitsToFloat(w1.xy)), packHalf2x16(uintBitsToFloat(w1.zw)));         \
   }
 VEC8_FN(vec8_a, a128)
 VEC8_FN(vec8_b, b128)
+
+// Registers as f16 pairs: bf16 words converted, others as they are.
+uvec4 as_f16(uint dt, uvec4 w) {
+  if (dt != DT_BF16) return w;
+  return uvec4(packHalf2x16(vec2(uintBitsToFloat(w.x << 16), uintBitsToFloat(w.x & 0xffff0000u))),
+               packHalf2x16(vec2(uintBitsToFloat(w.y << 16), uintBitsToFloat(w.y & 0xffff0000u))),
+               packHalf2x16(vec2(uintBitsToFloat(w.z << 16), uintBitsToFloat(w.z & 0xffff0000u))),
+               packHalf2x16(vec2(uintBitsToFloat(w.w << 16), uintBitsToFloat(w.w & 0xffff0000u))));
+}
 
 // Chunk c of the tiles: (row, first contiguous index) in the staged layout.
 void a_chunk(uint c, out uint m, out uint k) {
@@ -160,13 +164,14 @@ void shared_store(uint buf, uint tid) {
 #else
     uint h = buf * ASZH + m * ASTRH + k;
 #endif
+    uvec4 v16 = as_f16(ADT, ra[i]);
 #if A16
     [[unroll]] for (uint w = 0; w < 4; ++w) {
-      f16vec2 v = unpackFloat2x16(ra[i][w]);
+      f16vec2 v = unpackFloat2x16(v16[w]);
       As[h + 2 * w] = v.x; As[h + 2 * w + 1] = v.y;
     }
 #else
-    As[h / 8] = ra[i];
+    As[h / 8] = v16;
 #endif
   }
   [[unroll]] for (uint i = 0; i < B_LD; ++i) {
@@ -177,13 +182,14 @@ void shared_store(uint buf, uint tid) {
 #else
     uint h = buf * BSZH + k * BSTRH + n;
 #endif
+    uvec4 v16 = as_f16(BDT, rb[i]);
 #if B16
     [[unroll]] for (uint w = 0; w < 4; ++w) {
-      f16vec2 v = unpackFloat2x16(rb[i][w]);
+      f16vec2 v = unpackFloat2x16(v16[w]);
       Bs[h + 2 * w] = v.x; Bs[h + 2 * w + 1] = v.y;
     }
 #else
-    Bs[h / 8] = rb[i];
+    Bs[h / 8] = v16;
 #endif
   }
 }

@@ -193,11 +193,40 @@ TEST_F(VulkanMatmul, CoopmatKernel) {
   run({33, 65, 700, DType::f32, {}, {}}, "coopmat split-K 3");
   run({130, 260, 2000, DType::f16, {{2}, false, 0}, {{}, true, 0}}, "coopmat split-K 3");
   vk::matmul_options().splitk = 0;
+  // Every tile interior, every operand vector-aligned: the fast kernel, for each layout of a linear layer.
+  for (bool ta : {false, true})
+    for (bool tb : {false, true}) {
+      run({256, 512, 96, DType::bf16, {{}, ta, 0}, {{}, tb, 0}}, "coopmat fast");
+      std::string k = vk::last_matmul_kernel();
+      EXPECT_NE(k.find(" fast"), std::string::npos) << k << (ta ? " aT" : "") << (tb ? " bT" : "");
+    }
   for (DType t : {DType::f32, DType::f16, DType::bf16}) {
     run({512, 768, 1024, t, {}, {}}, "coopmat large");
     run({512, 768, 1024, t, {{}, true, 0}, {{}, true, 0}}, "coopmat large");
     run({1000, 1000, 1000, t, {}, {{}, true, 0}}, "coopmat large");
   }
+}
+
+// Which operand layouts take the coopmat kernels' 16-byte staging. A regression here costs no accuracy (the
+// element-wise staging gives the same result), only speed: B's conditions were once swapped, so every B went
+// element-wise and the fast kernel never ran.
+TEST(MatmulVectorStaging, Layouts) {
+  using vk::vector_staging;
+  // A [M, K] row-major (K contiguous) and B [K, N] row-major (N contiguous): x @ W.
+  EXPECT_TRUE(vector_staging(DType::bf16, false, 896, 1, 0, 0, 0));
+  EXPECT_TRUE(vector_staging(DType::bf16, false, 4864, 1, 8, 0, 0));
+  // Transposed: the row index is the contiguous one (B = W^T of a linear layer, W [N, K]: rs = 1, cs = K).
+  EXPECT_TRUE(vector_staging(DType::f16, true, 1, 896, 0, 0, 0));
+  EXPECT_FALSE(vector_staging(DType::f16, false, 1, 896, 0, 0, 0));
+  EXPECT_FALSE(vector_staging(DType::f16, true, 896, 1, 0, 0, 0));
+  // Misaligned offset, row stride or batch stride.
+  EXPECT_FALSE(vector_staging(DType::f16, false, 896, 1, 4, 0, 0));
+  EXPECT_FALSE(vector_staging(DType::f16, false, 900, 1, 0, 0, 0));
+  EXPECT_FALSE(vector_staging(DType::f16, false, 896, 1, 0, 900, 0));
+  EXPECT_FALSE(vector_staging(DType::f16, false, 896, 1, 0, 0, 12));
+  // f32 loads are vec4: 4-aligned suffices.
+  EXPECT_TRUE(vector_staging(DType::f32, false, 900, 1, 4, 0, 0));
+  EXPECT_FALSE(vector_staging(DType::f32, false, 902, 1, 0, 0, 0));
 }
 
 TEST_F(VulkanMatmul, AutomaticChoice) {

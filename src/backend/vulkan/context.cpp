@@ -332,6 +332,10 @@ Context::Context(int index) : index_(index) {
                        !disabled("atomic_float");
   f.cooperative_matrix = q.coopmat();
   f.host_mapping = !disabled("host_mapping");
+  const char* stats_env = std::getenv("LMTUNE_PIPELINE_STATS");
+  f.pipeline_stats = stats_env && std::string(stats_env) == "1" &&
+                     has_extension(q.exts, "VK_KHR_pipeline_executable_properties") &&
+                     vkGetPipelineExecutableStatisticsKHR && vkGetPipelineExecutablePropertiesKHR;
 
   VkPhysicalDeviceFeatures2 e2{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2};
   e2.features.shaderInt16 = f.int16;
@@ -361,6 +365,14 @@ Context::Context(int index) : index_(index) {
     exts.push_back("VK_NV_cooperative_matrix");
     *tail = &ecm;
     tail = &ecm.pNext;
+  }
+  VkPhysicalDevicePipelineExecutablePropertiesFeaturesKHR epe{
+      VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PIPELINE_EXECUTABLE_PROPERTIES_FEATURES_KHR};
+  epe.pipelineExecutableInfo = VK_TRUE;
+  if (f.pipeline_stats) {
+    exts.push_back("VK_KHR_pipeline_executable_properties");
+    *tail = &epe;
+    tail = &epe.pNext;
   }
   if (f.push_descriptor) exts.push_back("VK_KHR_push_descriptor");
   if (f.memory_budget) exts.push_back("VK_EXT_memory_budget");

@@ -43,6 +43,7 @@ struct Features {
   bool subgroup_size_control = false;
   bool timestamps = false;          // compute queue supports timestamp queries
   bool host_mapping = true;         // host-visible device memory is mapped (off: every transfer is staged)
+  bool pipeline_stats = false;      // LMTUNE_PIPELINE_STATS=1 and VK_KHR_pipeline_executable_properties
   uint32_t timestamp_bits = 0;
   uint32_t subgroup_size = 0;
 };

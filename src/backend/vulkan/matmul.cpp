@@ -66,6 +66,17 @@ MatmulOptions options_from_env() {
   return o;
 }
 
+}  // namespace
+
+bool vector_staging(DType t, bool transposed, int64_t rs, int64_t cs, int64_t off, int64_t bs0, int64_t bs1) {
+  const int64_t al = t == DType::f32 ? 4 : 8;
+  auto aligned = [al](int64_t v) { return v % al == 0; };
+  const int64_t unit = transposed ? rs : cs, other = transposed ? cs : rs;
+  return unit == 1 && aligned(other) && aligned(off) && aligned(bs0) && aligned(bs1);
+}
+
+namespace {
+
 bool fast_kernel_enabled() {
   static const bool on = [] {
     const char* v = std::getenv("LMTUNE_MATMUL_FAST");
@@ -304,6 +315,7 @@ void Matmul::eval_vulkan(const std::vector<Tensor>& in, std::vector<Tensor>& out
   if (gy > 65535) throw ShapeError("matmul: M = " + std::to_string(M) + " is too large for one dispatch");
   std::vector<Binding> bindings{{a.buffer(), false}, {b.buffer(), false}, {dst.buffer(), true}};
 
+  bool used_fast = false;
   for (uint64_t o = 0; o < n_outer; ++o) {
     int64_t a_off = a.offset(), b_off = b.offset(), c_off = dst.offset() + int64_t(o * uint64_t(d0.size * d1.size) * M * N);
     uint64_t rem = o;
@@ -322,16 +334,9 @@ void Matmul::eval_vulkan(const std::vector<Tensor>& in, std::vector<Tensor>& out
       q.a_bs0 = uint32_t(d0.sa); q.a_bs1 = uint32_t(d1.sa);
       q.b_bs0 = uint32_t(d0.sb); q.b_bs1 = uint32_t(d1.sb);
       q.nb1 = uint32_t(d1.size);
-      // Vector staging needs the operand's contiguous dim at stride 1 and everything else 8-aligned
-      // (4-aligned suffices for f32, whose vector loads are vec4).
-      int64_t aal = a.dtype() == DType::f32 ? 4 : 8, bal = b.dtype() == DType::f32 ? 4 : 8;
-      int64_t a_other = ta ? a_cs : a_rs, b_other = tb ? b_rs : b_cs;
-      bool a_unit = ta ? a_rs == 1 : a_cs == 1, b_unit = tb ? b_cs == 1 : b_rs == 1;
       q.flags = 0;
-      if (a_unit && aligned(q.a_off, aal) && aligned(a_other, aal) && aligned(d0.sa, aal) && aligned(d1.sa, aal))
-        q.flags |= kFlagAVec;
-      if (b_unit && aligned(q.b_off, bal) && aligned(b_other, bal) && aligned(d0.sb, bal) && aligned(d1.sb, bal))
-        q.flags |= kFlagBVec;
+      if (vector_staging(a.dtype(), ta, a_rs, a_cs, q.a_off, d0.sa, d1.sa)) q.flags |= kFlagAVec;
+      if (vector_staging(b.dtype(), tb, b_rs, b_cs, q.b_off, d0.sb, d1.sb)) q.flags |= kFlagBVec;
       if (aligned(q.c_off, 8) && aligned(int64_t(N), 8)) q.flags |= kFlagCVec;
       Groups groups{gx, gy, uint32_t(n0 * d1.size * nsplit)};
       // Split-K (one dispatch only): partials [nsplit][batch][M][N] from c_off.
@@ -344,6 +349,7 @@ void Matmul::eval_vulkan(const std::vector<Tensor>& in, std::vector<Tensor>& out
         std::vector<uint32_t> spec{dtype_code(a.dtype()), dtype_code(b.dtype()), dtype_code(dst.dtype())};
         if (fast && fast_kernel_enabled()) {
           ctx.dispatch("matmul_cmf" + kernel.substr(9), bindings, q, groups, spec);
+          used_fast = true;
         } else {
           spec.push_back(fast ? 1u : 0u);
           ctx.dispatch(kernel, bindings, q, groups, spec);
@@ -351,6 +357,10 @@ void Matmul::eval_vulkan(const std::vector<Tensor>& in, std::vector<Tensor>& out
       }
       else ctx.dispatch(kernel, bindings, q, groups, plan.spec);
     }
+  }
+  if (used_fast) {
+    std::lock_guard lock(g_last_mu);
+    g_last += " fast";
   }
   if (nsplit > 1) {
     SplitKParams s{};

@@ -2,7 +2,10 @@
 // The kernels themselves are kernels/matmul.comp (tiled scalar, every device) and kernels/matmul_coopmat.comp
 // (f16 tensor cores through VK_NV_cooperative_matrix); Matmul::eval_vulkan is in matmul.cpp.
 #pragma once
+#include <cstdint>
 #include <string>
+
+#include "core/dtype.h"
 
 namespace lmtune::vk {
 
@@ -28,6 +31,13 @@ MatmulOptions& matmul_options();
 
 // Description of the last Vulkan matmul's kernel choice, e.g. "coopmat 128x256 nt split 1" (for benchmarks).
 std::string last_matmul_kernel();
+// Whether an operand takes the coopmat kernels' vector staging (FLAG_A_VEC / FLAG_B_VEC, 16-byte loads): element
+// (r, c) at off + r * rs + c * cs (A: r = m, c = k; B: r = k, c = n), batch strides bs0 and bs1; `transposed`
+// means r is the contiguous dim (rs == 1), else c is (cs == 1). Everything but that unit stride must be a
+// multiple of 8 elements (4 for f32, loaded as vec4). Every tile interior and both operands vector: the fast
+// kernel (matmul_coopmat_fast.comp).
+bool vector_staging(DType t, bool transposed, int64_t rs, int64_t cs, int64_t off, int64_t bs0, int64_t bs1);
+
 // Whether device `index` can run the cooperative-matrix kernel (ignores the options above).
 bool coopmat_available(int index);
 

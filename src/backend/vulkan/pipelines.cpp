@@ -25,6 +25,35 @@ std::string cache_dir() {
   return "";
 }
 
+// LMTUNE_PIPELINE_STATS=1: the driver's statistics of each compiled kernel (on NVIDIA: registers per thread,
+// shared memory, spill bytes) in one log line, for tuning kernels without a profiler.
+void log_pipeline_statistics(VkDevice device, VkPipeline pipeline, const std::string& kernel) {
+  VkPipelineInfoKHR pi{VK_STRUCTURE_TYPE_PIPELINE_INFO_KHR};
+  pi.pipeline = pipeline;
+  uint32_t n = 0;
+  if (vkGetPipelineExecutablePropertiesKHR(device, &pi, &n, nullptr) != VK_SUCCESS) return;
+  for (uint32_t e = 0; e < n; ++e) {
+    VkPipelineExecutableInfoKHR ei{VK_STRUCTURE_TYPE_PIPELINE_EXECUTABLE_INFO_KHR};
+    ei.pipeline = pipeline;
+    ei.executableIndex = e;
+    uint32_t ns = 0;
+    if (vkGetPipelineExecutableStatisticsKHR(device, &ei, &ns, nullptr) != VK_SUCCESS) continue;
+    std::vector<VkPipelineExecutableStatisticKHR> st(ns, {VK_STRUCTURE_TYPE_PIPELINE_EXECUTABLE_STATISTIC_KHR});
+    if (vkGetPipelineExecutableStatisticsKHR(device, &ei, &ns, st.data()) != VK_SUCCESS) continue;
+    std::string line;
+    for (const auto& s : st) {
+      line += std::string(line.empty() ? "" : ", ") + s.name + "=";
+      switch (s.format) {
+        case VK_PIPELINE_EXECUTABLE_STATISTIC_FORMAT_BOOL32_KHR: line += s.value.b32 ? "true" : "false"; break;
+        case VK_PIPELINE_EXECUTABLE_STATISTIC_FORMAT_INT64_KHR: line += std::to_string(s.value.i64); break;
+        case VK_PIPELINE_EXECUTABLE_STATISTIC_FORMAT_UINT64_KHR: line += std::to_string(s.value.u64); break;
+        default: line += std::to_string(s.value.f64); break;
+      }
+    }
+    spdlog::info("vulkan: kernel {} statistics: {}", kernel, line);
+  }
+}
+
 std::vector<char> read_file(const std::string& path) {
   std::ifstream f(path, std::ios::binary);
   if (!f) return {};
@@ -172,8 +201,11 @@ const Pipeline& Pipelines::get(const std::string& kernel, uint32_t bindings, con
   ci.stage.pName = "main";
   ci.stage.pSpecializationInfo = spec.empty() ? nullptr : &si;
   ci.layout = p->layout;
+  const bool stats = ctx_.features().pipeline_stats;
+  if (stats) ci.flags |= VK_PIPELINE_CREATE_CAPTURE_STATISTICS_BIT_KHR;
   check(vkCreateComputePipelines(ctx_.device(), cache_, 1, &ci, nullptr, &p->pipeline),
         ("vkCreateComputePipelines(" + kernel + ")").c_str());
+  if (stats) log_pipeline_statistics(ctx_.device(), p->pipeline, key);
   return *pipelines_.emplace(key, std::move(p)).first->second;
 }
 

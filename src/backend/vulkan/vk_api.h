@@ -91,7 +91,9 @@ namespace lmtune::vk {
 // Extension functions: may stay null (check before use).
 #define LMTUNE_VK_OPTIONAL_FUNCTIONS(X)                  \
   X(vkCmdPushDescriptorSetKHR)                           \
-  X(vkGetPhysicalDeviceCooperativeMatrixPropertiesNV)
+  X(vkGetPhysicalDeviceCooperativeMatrixPropertiesNV)    \
+  X(vkGetPipelineExecutablePropertiesKHR)                \
+  X(vkGetPipelineExecutableStatisticsKHR)
 
 #define LMTUNE_VK_DECLARE(name) inline PFN_##name name = nullptr;
 inline PFN_vkGetInstanceProcAddr vkGetInstanceProcAddr = nullptr;
