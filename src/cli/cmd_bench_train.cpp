@@ -195,7 +195,8 @@ void run_bench_train(const std::string& device_opt, const BenchTrainOptions& o) 
     spdlog::info("initial adapter written to {}", o.save_init_adapter);
   }
   Optimizer optimizer(tm.params, r.optimizer);
-  LossScaler scaler = LossScaler::for_precision(false);
+  LossScaler scaler = LossScaler::for_training(r.precision, dev);
+  if (scaler.enabled) spdlog::info("bf16 products run on f16 tensor cores: dynamic loss scaling on");
   Backend& be = backend(dev);
   spdlog::info("bench train: {} ({} layers) on {}, {}, batch {} x seq {}, LoRA rank {} on {}, checkpointing {}, "
                "{} trainable parameters; {} warm-up + {} timed steps",
@@ -285,6 +286,7 @@ void run_bench_train(const std::string& device_opt, const BenchTrainOptions& o) 
   j["mfu_given_peak"] = number_or_null(achieved / given);
   j["mfu_lora_given_peak"] = number_or_null(achieved_lora / given);
   j["skipped_steps"] = skipped;
+  j["loss_scale"] = scaler.enabled ? scaler.scale : 1.0;
   j["final_loss"] = number_or_null(losses.back());
   if (o.losses) {
     nlohmann::json arr = nlohmann::json::array();

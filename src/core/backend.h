@@ -34,6 +34,10 @@ class Backend {
   virtual size_t bytes_in_use() const = 0;
   virtual size_t peak_bytes() const = 0;
   virtual void reset_peak() = 0;
+  // Whether bf16 matmuls run on f16 tensor cores (Vulkan cooperative matrices take f16 operands only): bf16
+  // values are rounded to f16 there, so gradients below f16's normal range (6e-5) lose precision or flush to
+  // zero unless training scales its loss (train/loss_scaler.h).
+  virtual bool rounds_bf16_products_to_f16() const { return false; }
 };
 
 // The backend for a device (created on first use). Defined in src/backend/registry.cpp.

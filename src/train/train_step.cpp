@@ -93,7 +93,7 @@ StepResult train_step(const models::Decoder& model, Optimizer& opt, LossScaler& 
   if (!finite && scaler.enabled && scaler.scale > scaler.min_scale) {
     r.overflow = true;
     scaler.update(true);
-    r.skip_reason = "fp16 gradient overflow; loss scale backed off to " + std::to_string(scaler.scale);
+    r.skip_reason = "f16 gradient overflow; loss scale backed off to " + std::to_string(scaler.scale);
     opt.zero_grad();
     return r;
   }

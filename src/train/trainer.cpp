@@ -142,7 +142,7 @@ TrainSummary train(const Recipe& r, const TrainOptions& options) {
 
   TrainProgress pr;
   pr.seed = r.train.seed;
-  pr.scaler = LossScaler::for_precision(r.precision == "fp16");
+  pr.scaler = LossScaler::for_training(r.precision, device);
   if (resume_from) {
     TrainProgress loaded = load_checkpoint(*resume_from, optimizer);
     loaded.scaler.enabled = pr.scaler.enabled;

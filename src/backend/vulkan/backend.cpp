@@ -7,6 +7,7 @@
 
 #include "backend/vulkan/allocator.h"
 #include "backend/vulkan/context.h"
+#include "backend/vulkan/matmul.h"
 #include "backend/vulkan/pipelines.h"
 #include "backend/vulkan/recorder.h"
 #include "core/error.h"
@@ -85,6 +86,9 @@ class VulkanBackend final : public Backend {
   void reset_peak() override {
     std::lock_guard lock(ctx_->mutex());
     ctx_->allocator().reset_peak();
+  }
+  bool rounds_bf16_products_to_f16() const override {
+    return matmul_options().kernel != MatmulKernel::scalar && coopmat_available(ctx_->index());
   }
 
  private:
