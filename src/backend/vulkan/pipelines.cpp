@@ -25,8 +25,9 @@ std::string cache_dir() {
   return "";
 }
 
-// LMTUNE_PIPELINE_STATS=1: the driver's statistics of each compiled kernel (on NVIDIA: registers per thread,
-// shared memory, spill bytes) in one log line, for tuning kernels without a profiler.
+// LMTUNE_PIPELINE_STATS=1: the driver's statistics of each compiled kernel (on NVIDIA 580: registers per thread,
+// shared memory, binary size; its "Local Memory Size" read 2^36 for every kernel, so it tells nothing about
+// spills) in one log line, for tuning kernels without a profiler.
 void log_pipeline_statistics(VkDevice device, VkPipeline pipeline, const std::string& kernel) {
   VkPipelineInfoKHR pi{VK_STRUCTURE_TYPE_PIPELINE_INFO_KHR};
   pi.pipeline = pipeline;
