@@ -11,10 +11,12 @@
 #include <algorithm>
 #include <cstdio>
 #include <functional>
+#include <optional>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "backend/vulkan/flash_attention.h"
 #include "backend/vulkan/matmul.h"
 #include "backend/vulkan/recorder.h"
 #include "backend/vulkan/vulkan_backend.h"
@@ -67,9 +69,24 @@ std::vector<MatmulShape> matmul_shapes(const BenchOptions& o, bool small) {
       std::string one = rest.substr(0, comma);
       rest = comma == std::string::npos ? "" : rest.substr(comma + 1);
       long long m, n, k;
-      if (std::sscanf(one.c_str(), "%lldx%lldx%lld", &m, &n, &k) != 3 || m <= 0 || n <= 0 || k <= 0)
-        throw ConfigError("bench: bad --shapes entry '" + one + "' (expected MxNxK)");
-      for (DType t : {DType::f16, DType::f32}) s.push_back({m, n, k, t, false});
+      char tail[32] = "";
+      int got = std::sscanf(one.c_str(), "%lldx%lldx%lld%31s", &m, &n, &k, tail);
+      std::string suffix = got == 4 ? tail : "";
+      bool nt = suffix.size() >= 3 && suffix.substr(suffix.size() - 3) == ":nt";
+      if (nt) suffix.resize(suffix.size() - 3);
+      std::optional<DType> only;
+      if (!suffix.empty() && suffix[0] == ':') {
+        try {
+          only = parse_dtype(suffix.substr(1));
+        } catch (const Error&) {
+          suffix = "?";
+        }
+      }
+      if (got < 3 || m <= 0 || n <= 0 || k <= 0 || (!suffix.empty() && !only))
+        throw ConfigError("bench: bad --shapes entry '" + one + "' (expected MxNxK[:dtype][:nt])");
+      for (DType t : {DType::f16, DType::f32})
+        s.push_back({m, n, k, only.value_or(t), nt});
+      if (only) s.pop_back();
     }
     return s;
   }
@@ -200,6 +217,7 @@ Result bench_attention(const AttentionShape& a, Device dev, int reps) {
     NoGrad no_grad;
     r.ms = time_op([&] { return attend({q, k, v})[0]; }, dev, reps, g_timing);
   }
+  if (a.fused && dev.is_vulkan()) r.kernel += " " + vk::last_flash_kernel();
   double fwd = 4.0 * double(a.B * a.H) * double(a.T) * double(a.T) * double(a.D) / 2;
   r.rate = (a.backward ? 3.5 * fwd : fwd) / (r.ms * 1e-3) / 1e12;
   return r;
@@ -299,7 +317,7 @@ void add_bench_command(CLI::App& app, const std::string& device) {
   auto o = std::make_shared<BenchOptions>();
   ops_cmd->add_flag("--json", o->json, "One JSON object per line");
   ops_cmd->add_option("--sizes", o->sizes, "auto | small | full (auto: small on CPU devices)");
-  ops_cmd->add_option("--shapes", o->shapes, "Matmul shapes MxNxK[,MxNxK...] (f16 and f32)");
+  ops_cmd->add_option("--shapes", o->shapes, "Matmul shapes MxNxK[:dtype][:nt][,...] (f16 and f32 unless a dtype is given; :nt multiplies by a transposed B)");
   ops_cmd->add_option("--ops", o->only, "Comma list of ops to run (matmul,attention,add,mul,silu,copy,cast,rms_norm,softmax,sum)");
   ops_cmd->add_option("--reps", o->reps, "Timed repetitions per op (median)")->check(CLI::Range(1, 1000));
   ops_cmd->add_option("--warmup", o->warmup_s, "Seconds of warm-up per op (default 1)")->check(CLI::Range(0.0, 60.0));

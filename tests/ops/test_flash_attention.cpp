@@ -5,6 +5,8 @@
 // (bf16-valued) inputs: the fused kernels accumulate in f32, so only the final rounding differs.
 #include <limits>
 
+#include "backend/vulkan/flash_attention.h"
+#include "backend/vulkan/matmul.h"
 #include "core/autodiff.h"
 #include "core/error.h"
 #include "core/ops/flash_attention.h"
@@ -57,6 +59,56 @@ Result run(bool fused, const V& qkv, const Tensor& w, const ops::AttentionOption
   return close(got, ref::of(want), tol);
 }
 
+// Runs each case in each dtype through the fused op and the reference; checks O, LSE, dQ, dK, dV (NMSE at most
+// f32_tol for f32 inputs, 1e-4 for 16-bit ones).
+void check_cases(const Device& dev, const std::vector<FlashCase>& cases, const std::vector<DType>& dtypes,
+                 double f32_tol = 1e-10) {
+  for (const auto& c : cases)
+    for (DType dt : dtypes) {
+      LMTUNE_CASE(c.name << " " << dtype_name(dt));
+      // Inputs hold bf16-representable values either way, so the f32 reference sees exactly the bf16 run's inputs.
+      auto input = [&](const Shape& s, uint64_t seed, Layout l) {
+        return ops::cast(ops::cast(make_input(s, DType::f32, dev, seed, l, 0.1f, 1.5f), DType::bf16), DType::f32);
+      };
+      Tensor q = input({c.B, c.T, c.H, c.D}, 61, Layout::strided);
+      Tensor k = input({c.B, c.S + (c.strided_kv ? 6 : 0), c.KV, c.D}, 62, Layout::contiguous);
+      Tensor v = input({c.B, c.S + (c.strided_kv ? 6 : 0), c.KV, c.D}, 63, Layout::contiguous);
+      if (c.strided_kv) k = ops::slice(k, 1, 0, c.S), v = ops::slice(v, 1, 0, c.S);
+      Tensor w = make_input({c.B, c.T, c.H, c.D}, DType::f32, dev, 64);
+      ops::AttentionOptions opt;
+      opt.causal = c.causal;
+      opt.window = c.window;
+      opt.softcap = c.softcap;
+      opt.q_offset = c.q_offset;
+      if (c.docs) opt.doc_ids = Tensor::from_ints(three_docs(c.B, c.T), {c.B, c.T}, dev);
+      if (c.pad_keys > 0) {
+        std::vector<int32_t> m(static_cast<size_t>(c.B * c.S), 1);
+        for (int64_t j = 0; j < c.pad_keys; ++j) m[size_t(c.S + j)] = 0;
+        opt.key_mask = Tensor::from_ints(m, {c.B, c.S}, dev);
+      }
+      Result want = run(false, {q, k, v}, w, opt);
+      auto cast = [&](const Tensor& t) { return dt == DType::f32 ? t : ops::cast(t, dt); };
+      Result got = run(true, {cast(q), cast(k), cast(v)}, w, opt);
+
+      const double tol = dt == DType::f32 ? f32_tol : 1e-4;
+      EXPECT_EQ(got.out.dtype(), dt);
+      EXPECT_TRUE(near(got.out, want.out, tol)) << "O";
+      const char* names[] = {"dQ", "dK", "dV"};
+      for (size_t i = 0; i < 3; ++i) {
+        EXPECT_EQ(got.grads[i].dtype(), dt);
+        EXPECT_TRUE(near(got.grads[i], want.grads[i], tol)) << names[i];
+      }
+      // LSE: logsumexp of the reference's masked scores, -inf exactly where a row sees no key.
+      Tensor scores = ops::attention_scores(q, k, opt);  // [B, KV, G, T, S]
+      Tensor lse = ops::reshape(ops::logsumexp(scores, -1), {c.B, c.H, c.T});
+      EXPECT_EQ(got.lse.dtype(), DType::f32);
+      EXPECT_TRUE(near(got.lse, lse, dt == DType::f32 ? f32_tol / 100 : 1e-5)) << "LSE";
+      for (double x : got.out.to_doubles()) ASSERT_FALSE(std::isnan(x));
+      for (const Tensor& g : got.grads)
+        for (double x : g.to_doubles()) ASSERT_FALSE(std::isnan(x));
+    }
+}
+
 TEST_P(OpTest, FlashAttentionMatchesReference) {
   const std::vector<FlashCase> cases{
       {"causal_gqa_odd", 1, 37, 37, 6, 2, 64},
@@ -73,50 +125,43 @@ TEST_P(OpTest, FlashAttentionMatchesReference) {
       {"d80_window_softcap", 1, 19, 19, 4, 2, 80, true, 6, 4.0f},
       {"d256", 1, 9, 9, 2, 1, 256, true, 0, 30.0f},
   };
-  for (const auto& c : cases)
-    for (DType dt : {DType::f32, DType::bf16}) {
-      LMTUNE_CASE(c.name << " " << dtype_name(dt));
-      // Inputs hold bf16-representable values either way, so the f32 reference sees exactly the bf16 run's inputs.
-      auto input = [&](const Shape& s, uint64_t seed, Layout l) {
-        return ops::cast(ops::cast(make_input(s, DType::f32, dev(), seed, l, 0.1f, 1.5f), DType::bf16), DType::f32);
-      };
-      Tensor q = input({c.B, c.T, c.H, c.D}, 61, Layout::strided);
-      Tensor k = input({c.B, c.S + (c.strided_kv ? 6 : 0), c.KV, c.D}, 62, Layout::contiguous);
-      Tensor v = input({c.B, c.S + (c.strided_kv ? 6 : 0), c.KV, c.D}, 63, Layout::contiguous);
-      if (c.strided_kv) k = ops::slice(k, 1, 0, c.S), v = ops::slice(v, 1, 0, c.S);
-      Tensor w = make_input({c.B, c.T, c.H, c.D}, DType::f32, dev(), 64);
-      ops::AttentionOptions opt;
-      opt.causal = c.causal;
-      opt.window = c.window;
-      opt.softcap = c.softcap;
-      opt.q_offset = c.q_offset;
-      if (c.docs) opt.doc_ids = Tensor::from_ints(three_docs(c.B, c.T), {c.B, c.T}, dev());
-      if (c.pad_keys > 0) {
-        std::vector<int32_t> m(static_cast<size_t>(c.B * c.S), 1);
-        for (int64_t j = 0; j < c.pad_keys; ++j) m[size_t(c.S + j)] = 0;
-        opt.key_mask = Tensor::from_ints(m, {c.B, c.S}, dev());
-      }
-      Result want = run(false, {q, k, v}, w, opt);
-      auto cast = [&](const Tensor& t) { return dt == DType::f32 ? t : ops::cast(t, dt); };
-      Result got = run(true, {cast(q), cast(k), cast(v)}, w, opt);
+  check_cases(dev(), cases, {DType::f32, DType::bf16});
+}
 
-      const double tol = dt == DType::f32 ? 1e-10 : 1e-4;
-      EXPECT_EQ(got.out.dtype(), dt);
-      EXPECT_TRUE(near(got.out, want.out, tol)) << "O";
-      const char* names[] = {"dQ", "dK", "dV"};
-      for (size_t i = 0; i < 3; ++i) {
-        EXPECT_EQ(got.grads[i].dtype(), dt);
-        EXPECT_TRUE(near(got.grads[i], want.grads[i], tol)) << names[i];
-      }
-      // LSE: logsumexp of the reference's masked scores, -inf exactly where a row sees no key.
-      Tensor scores = ops::attention_scores(q, k, opt);  // [B, KV, G, T, S]
-      Tensor lse = ops::reshape(ops::logsumexp(scores, -1), {c.B, c.H, c.T});
-      EXPECT_EQ(got.lse.dtype(), DType::f32);
-      EXPECT_TRUE(near(got.lse, lse, dt == DType::f32 ? 1e-12 : 1e-5)) << "LSE";
-      for (double x : got.out.to_doubles()) ASSERT_FALSE(std::isnan(x));
-      for (const Tensor& g : got.grads)
-        for (double x : g.to_doubles()) ASSERT_FALSE(std::isnan(x));
-    }
+// The tensor-core kernels (Vulkan devices with cooperative matrices; D <= 64), forced for every case and dtype
+// (f16 products, so f32 runs get the bf16 tolerance: their inputs are f16-exact). Elsewhere forcing them is an
+// error, not a silent fallback.
+TEST_P(OpTest, FlashAttentionTensorCoreKernels) {
+  if (dev().is_cpu()) GTEST_SKIP() << "Vulkan only";
+  struct Force {
+    Force() { vk::flash_kernel() = vk::FlashKernel::coopmat; }
+    ~Force() { vk::flash_kernel() = vk::FlashKernel::automatic; }
+  } force;
+  Tensor x = make_input({1, 70, 2, 64}, DType::bf16, dev(), 91);
+  if (!vk::coopmat_available(dev().index)) {
+    EXPECT_THROW(ops::flash_attention(x, x, x, {}), DeviceError);
+    GTEST_SKIP() << "device has no cooperative matrices";
+  }
+  ops::flash_attention(x, x, x, {});
+  EXPECT_EQ(vk::last_flash_kernel(), "coopmat");
+  Tensor wide = make_input({1, 9, 2, 80}, DType::bf16, dev(), 92);
+  EXPECT_THROW(ops::flash_attention(wide, wide, wide, {}), ShapeError);
+  const std::vector<FlashCase> cases{
+      {"causal_gqa_odd", 1, 37, 37, 6, 2, 64},
+      {"long_gqa7_two_batches", 2, 150, 150, 14, 2, 64},  // dK/dV in 4 row-range splits
+      {"long_docs_window_split", 1, 200, 200, 8, 2, 64, true, 50, 0, 0, true},
+      {"full_gqa", 1, 37, 37, 6, 2, 64, false},
+      {"decode_kv_cache", 2, 1, 41, 6, 2, 64, true, 0, 0, 40, false, 3, true},
+      {"prefill_kv_cache", 1, 5, 41, 4, 2, 64, true, 0, 0, 36, false, 0, true},
+      {"window", 1, 97, 97, 4, 2, 64, true, 8},
+      {"softcap_full", 1, 21, 29, 4, 1, 64, false, 0, 5.0f},
+      {"docs", 2, 77, 77, 2, 1, 64, true, 0, 0, 0, true},
+      {"padded_keys_masked_rows", 2, 13, 13, 4, 2, 64, true, 0, 0, 0, false, 5},
+      {"negative_offset_masked_rows", 1, 9, 9, 2, 2, 64, true, 0, 0, -3},
+      {"d40_odd_dims", 1, 33, 33, 4, 2, 40, true, 6, 4.0f},
+      {"d12_unaligned_rows", 1, 19, 23, 2, 1, 12, false},
+  };
+  check_cases(dev(), cases, {DType::f32, DType::bf16, DType::f16}, 1e-4);
 }
 
 // The LSE output is differentiable too (its cotangent enters the backward's Δ), and jvp goes through the

@@ -2,11 +2,17 @@
 // backward's delta pre-pass (flash_attention_bwd_delta.comp), dQ (flash_attention_bwd_dq.comp) and dK/dV
 // (flash_attention_bwd_dkdv.comp), and the merge of a split forward pass (flash_attention_combine.comp); shared
 // code in kernels/flash_attention.glsl. Each attention kernel is built
-// per head-dim class (D <= 64, 128, 256) with block sizes that keep its shared memory under 32 KiB.
+// per head-dim class (D <= 64, 128, 256) with block sizes that keep its shared memory under 32 KiB. Tensor-core
+// twins of the forward, dQ and dK/dV kernels (*_cm.comp, D <= 64) run where flash_attention.h's choice says.
+#include "backend/vulkan/flash_attention.h"
+
 #include <algorithm>
+#include <cstdlib>
+#include <mutex>
 #include <string>
 
 #include "backend/vulkan/kernel_util.h"
+#include "backend/vulkan/matmul.h"
 #include "core/error.h"
 #include "core/ops/flash_attention.h"
 
@@ -36,6 +42,18 @@ uint32_t forward_splits(uint32_t workgroups, uint32_t key_blocks) {
   if (workgroups >= 64 || key_blocks < 4) return 1;
   return std::min<uint32_t>({16, ceil_div(128, workgroups), key_blocks / 2});
 }
+
+// Row-range splits of the tensor-core dK/dV pass: with grouped-query attention a kv head has T * G rows but
+// only S / 64 key blocks, too few workgroups for a GPU, each walking all rows. Up to 16 parts of at least 8 row
+// blocks each, run by separate workgroups and summed by flash_attention_bwd_sum.
+uint32_t backward_splits(uint32_t workgroups, uint32_t row_blocks) {
+  if (workgroups >= 512 || row_blocks < 16) return 1;
+  return std::min<uint32_t>({16, ceil_div(512, workgroups), row_blocks / 8});
+}
+
+struct SumPush {
+  uint32_t n, splits, pk_off, pv_off, dk_off, dv_off, dtypes;
+};
 
 struct DeltaPush {
   uint32_t n, T, H, D, o_off, x_off, x_sb, x_st, dlse_off, delta_off, dtypes;
@@ -110,7 +128,64 @@ void check_grid(uint32_t blocks, const char* what) {
   if (blocks > 65535) throw ShapeError(std::string("vulkan flash attention: too many ") + what + " blocks");
 }
 
+std::mutex g_last_mu;
+std::string g_last = "none";
+
+// Whether these inputs take the tensor-core kernels (see flash_kernel() in flash_attention.h).
+bool use_coopmat(const Context& ctx, const FlashAttentionParams& p, DType q_dtype) {
+  const Features& f = ctx.features();
+  bool device_ok = f.cooperative_matrix && f.storage_16bit && f.subgroup_size == 32 &&
+                   ctx.properties().limits.maxComputeSharedMemorySize >= 48 * 1024;
+  bool use = false;
+  switch (flash_kernel()) {
+    case FlashKernel::portable: break;
+    case FlashKernel::coopmat:
+      if (!device_ok)
+        throw DeviceError("flash attention: the tensor-core kernels were forced (LMTUNE_FLASH_KERNEL=coopmat) but " +
+                          ctx.name() + " has no VK_NV_cooperative_matrix with subgroup size 32 and 48 KiB of shared memory");
+      if (p.D > 64)
+        throw ShapeError("flash attention: the tensor-core kernels cover head dims up to 64, got " + std::to_string(p.D));
+      use = true;
+      break;
+    case FlashKernel::automatic: {
+      const MatmulOptions& mo = matmul_options();
+      bool tensor_cores = mo.kernel != MatmulKernel::scalar && !(q_dtype == DType::f32 && mo.f32_exact);
+      use = device_ok && tensor_cores && p.D <= 64 && p.T * p.G() >= 64;
+    }
+  }
+  std::lock_guard lock(g_last_mu);
+  g_last = use ? "coopmat" : "portable";
+  return use;
+}
+
+// Flag 8 of the push block: every row of q, k, v (and dO) starts at a multiple of 8 elements, so the tensor-core
+// kernels read 8 elements at a time.
+bool rows_of_8(const FlashPush& f, bool with_do) {
+  if (f.D % 8 != 0) return false;
+  for (uint32_t x : {f.q_off, f.q_sb, f.q_st, f.k_off, f.k_sb, f.k_st, f.v_off, f.v_sb, f.v_st})
+    if (x % 8 != 0) return false;
+  if (with_do)
+    for (uint32_t x : {f.x_off, f.x_sb, f.x_st})
+      if (x % 8 != 0) return false;
+  return true;
+}
+
 }  // namespace
+
+FlashKernel& flash_kernel() {
+  static FlashKernel k = [] {
+    const char* s = std::getenv("LMTUNE_FLASH_KERNEL");
+    std::string v = s ? s : "";
+    return v == "portable" ? FlashKernel::portable : v == "coopmat" ? FlashKernel::coopmat : FlashKernel::automatic;
+  }();
+  return k;
+}
+
+std::string last_flash_kernel() {
+  std::lock_guard lock(g_last_mu);
+  return g_last;
+}
+
 }  // namespace lmtune::vk
 
 namespace lmtune {
@@ -124,8 +199,21 @@ void FlashAttention::eval_vulkan(const std::vector<Tensor>& ins, std::vector<Ten
   Tensor &o = outs[0], &lse = outs[1];
   std::vector<Tensor> masks = mask_inputs(p, ins, 3);
   FlashPush f = make_push(p, q, k, v, masks);
+  const uint32_t batch = u32(p.B, "batch");
+  auto [docs, keys] = mask_bindings(p, masks, q);
+  if (use_coopmat(ctx, p, q.dtype())) {  // 64 rows per workgroup, no key-range splits
+    const uint32_t blocks = ceil_div(uint64_t(p.T * p.G()), 64);
+    check_grid(blocks, "query");
+    f.flags |= rows_of_8(f, false) ? 8u : 0u;
+    f.lse_off = elem_offset(lse);
+    f.y_off = elem_offset(o);
+    f.dtypes |= uint32_t(o.dtype()) << 16;
+    ctx.dispatch("flash_attention_fwd_cm_d64",
+                 {in(q), in(k), in(v), in(q), out(lse), in(q), docs, keys, out(o), in(q)}, f, {blocks, f.KV, batch});
+    return;
+  }
   const uint32_t br = p.D <= 64 ? 32 : 16 * (p.D <= 128 ? 2 : 1), bc = p.D <= 64 ? 32 : p.D <= 128 ? 16 : 8;
-  const uint32_t blocks = ceil_div(uint64_t(p.T * p.G()), br), batch = u32(p.B, "batch");
+  const uint32_t blocks = ceil_div(uint64_t(p.T * p.G()), br);
   check_grid(blocks, "query");
   f.splits = p.D > 0 ? forward_splits(blocks * f.KV * batch, ceil_div(uint64_t(p.S), bc)) : 1;
   check_grid(batch * f.splits, "batch");
@@ -135,7 +223,6 @@ void FlashAttention::eval_vulkan(const std::vector<Tensor>& ins, std::vector<Ten
   f.lse_off = elem_offset(plse);
   f.y_off = elem_offset(part);
   f.dtypes |= uint32_t(part.dtype()) << 16;
-  auto [docs, keys] = mask_bindings(p, masks, q);
   ctx.dispatch(variant(ctx, "flash_attention_fwd" + cls),
                {in(q), in(k), in(v), in(q), out(plse), in(q), docs, keys, out(part), in(q)}, f,
                {blocks, f.KV, batch * f.splits});
@@ -174,29 +261,45 @@ void FlashAttentionBackward::eval_vulkan(const std::vector<Tensor>& ins, std::ve
   f.delta_off = elem_offset(delta);
   auto [docs, keys] = mask_bindings(p, masks, q);
   const uint32_t batch = u32(p.B, "batch");
+  const bool cm = use_coopmat(ctx, p, q.dtype());
+  if (cm) f.flags |= rows_of_8(f, true) ? 8u : 0u;
 
   if (outs[0].numel() > 0) {  // dQ
     FlashPush fq = f;
     fq.y_off = elem_offset(outs[0]);
     fq.dtypes |= uint32_t(outs[0].dtype()) << 16;
-    const uint32_t br = p.D <= 64 ? 32 : p.D <= 128 ? 16 : 8;  // BR of flash_attention_bwd_dq.comp
+    const uint32_t br = cm ? 64 : p.D <= 64 ? 32 : p.D <= 128 ? 16 : 8;  // BR of the dQ kernel
     const uint32_t blocks = ceil_div(uint64_t(p.T * p.G()), br);
     check_grid(blocks, "query");
-    ctx.dispatch(variant(ctx, "flash_attention_bwd_dq" + cls),
+    ctx.dispatch(cm ? std::string("flash_attention_bwd_dq_cm_d64") : variant(ctx, "flash_attention_bwd_dq" + cls),
                  {in(q), in(k), in(v), in(d_o), in(lse), in(delta), docs, keys, out(outs[0]), in(q)}, fq,
                  {blocks, f.KV, batch});
   }
   if (outs[1].numel() > 0) {  // dK, dV
     FlashPush fk = f;
-    fk.y_off = elem_offset(outs[1]);
-    fk.z_off = elem_offset(outs[2]);
-    fk.dtypes |= uint32_t(outs[1].dtype()) << 16 | uint32_t(outs[2].dtype()) << 20;
-    const uint32_t bc = p.D <= 64 ? 32 : p.D <= 128 ? 16 : 8;  // BC of flash_attention_bwd_dkdv.comp
+    const uint32_t bc = cm ? 64 : p.D <= 64 ? 32 : p.D <= 128 ? 16 : 8;  // BC of the dK/dV kernel
     const uint32_t blocks = ceil_div(uint64_t(p.S), bc);
     check_grid(blocks, "key");
-    ctx.dispatch(variant(ctx, "flash_attention_bwd_dkdv" + cls),
-                 {in(q), in(k), in(v), in(d_o), in(lse), in(delta), docs, keys, out(outs[1]), out(outs[2])}, fk,
-                 {blocks, f.KV, batch});
+    fk.splits = cm ? backward_splits(blocks * fk.KV * batch, ceil_div(uint64_t(p.T * p.G()), 32)) : 1;
+    check_grid(batch * fk.splits, "batch");
+    // Split passes write f32 partials [splits, B, S, KV, D], summed afterwards.
+    auto partial = [&](const Tensor& t) {
+      return fk.splits > 1 ? Tensor::empty({int64_t(fk.splits), p.B, p.S, p.KV, p.D}, DType::f32, t.device()) : t;
+    };
+    Tensor dk = partial(outs[1]), dv = partial(outs[2]);
+    fk.y_off = elem_offset(dk);
+    fk.z_off = elem_offset(dv);
+    fk.dtypes |= uint32_t(dk.dtype()) << 16 | uint32_t(dv.dtype()) << 20;
+    ctx.dispatch(cm ? std::string("flash_attention_bwd_dkdv_cm_d64") : variant(ctx, "flash_attention_bwd_dkdv" + cls),
+                 {in(q), in(k), in(v), in(d_o), in(lse), in(delta), docs, keys, out(dk), out(dv)}, fk,
+                 {blocks, f.KV, batch * fk.splits});
+    if (fk.splits > 1) {
+      SumPush sp{u32(outs[1].numel(), "dK size"), fk.splits, elem_offset(dk), elem_offset(dv), elem_offset(outs[1]),
+                 elem_offset(outs[2]), uint32_t(outs[1].dtype()) | uint32_t(outs[2].dtype()) << 4};
+      u32(dk.numel(), "split partials");
+      ctx.dispatch("flash_attention_bwd_sum", {in(dk), in(dv), out(outs[1]), out(outs[2])}, sp,
+                   groups_1d(sp.n, 256), {256});
+    }
   }
 }
 

@@ -159,6 +159,11 @@ uint64_t div_up(uint64_t a, uint64_t b) { return (a + b - 1) / b; }
 // Chooses tile and split-K with a crude model: time ~ waves * tile area * K per split / tile efficiency,
 // where a wave is `slots` workgroups running at once (132 SMs on an H100; 2 on a CPU device). On CPU devices
 // (lavapipe) big per-thread tiles win by far (512^3 f32: 49 ms at 128x128 vs 170 ms at 64x64).
+const double kGeneralKernelEfficiency = [] {
+  const char* e = std::getenv("LMTUNE_MATMUL_GENERAL_EFF");  // A/B timing of the tile choice
+  return e ? std::max(0.05, std::atof(e)) : 0.7;
+}();
+
 void choose_tile_and_split(Plan& p, bool coopmat, const MatmulOptions& opt, uint64_t M, uint64_t N, uint64_t K,
                            uint64_t batch, bool cpu_device, bool allow_split) {
   const char tiles[] = {'l', 'm', 's'};
@@ -180,6 +185,9 @@ void choose_tile_and_split(Plan& p, bool coopmat, const MatmulOptions& opt, uint
       uint64_t kper = div_up(div_up(K, s), q.bk) * q.bk;
       double waves = double(div_up(groups * s, slots));
       double cost = waves * double(q.bm) * double(q.bn) * double(kper) / (coopmat ? eff_cm[t] : eff_sc[t]);
+      // Tiles that all lie inside the problem can take the coopmat fast kernel (matmul_coopmat_fast.comp); the
+      // general one ran at 0.5-0.95 of its speed on the H100's training shapes (bench/RESULTS.md).
+      if (coopmat && !(M % q.bm == 0 && N % q.bn == 0 && K % q.bk == 0)) cost /= kGeneralKernelEfficiency;
       if (s > 1) cost += double(M * N * batch) * double(s + 2) * 2.0;  // partials written, read, output
       if (first || cost < best * 0.97) {  // prefer bigger tiles and no split on near-ties
         best = cost;

@@ -1,0 +1,159 @@
+#version 450
+// Fused attention backward, dK and dV, on tensor cores (the contract of flash_attention_bwd_dkdv.comp): one
+// workgroup per (block of 64 keys, kv head, batch), a subgroup per 16 keys holding its K and V rows as f16
+// fragments. Per block of BR rows (all G query heads of the kv head) staged in shared memory, it works on the
+// transposed problem: S^T = K Q^T and dP^T = V dO^T on the tensor cores, P^T = exp(S^T - LSE) and
+// dS^T = scale P^T (dP^T - delta) on the lanes (rounded to f16), then dV += P^T dO and dK += dS^T Q into f32
+// accumulators. One writer per element: no atomics. Where few workgroups would run (GQA: T * G rows per kv head
+// but only S / 64 key blocks), each one's row range is cut into p.splits parts, one workgroup each (grid z =
+// batch * splits); each writes f32 partial dK, dV and flash_attention_bwd_sum.comp adds them up. Layout
+// conventions in flash_attention_cm.glsl.
+#include "flash_attention_cm.glsl"
+
+const uint BR = 32u;                      // rows per block
+const uint BC = NSG * 16u;                // keys per workgroup
+const uint SST = BR + 4u;                 // f32 stride of a subgroup's S^T and dP^T
+const uint SSZ = max(2u * 16u * SST, 16u * (DMAX + 4u));  // a subgroup's f32 area: S^T, dP^T; at the end dK, dV
+const uint PST = (BR + 8u) / 8u;          // uvec4 stride of P^T and dS^T
+const uint HC = BR / 2u, HD = DMAX / 2u;
+
+shared uvec4 qo_s[2u * BR * DS];  // Q rows, then dO rows (K and V, 64 rows each, at the start)
+shared float s_s[NSG * SSZ];
+shared uvec4 pd_s[NSG * 2u * 16u * PST];  // per subgroup: P^T, then dS^T
+shared bool row_ok[BR];
+shared int row_qpos[BR], row_doc[BR];
+shared float row_lse[BR], row_delta[BR];
+
+// Writes a subgroup's accumulators ACC as f32 rows through its shared area (lane: key lr, dims of its half) to
+// tensor T (dtype field F, element offset OFF).
+#define STORE_ROWS(ACC, T, F, OFF)                                                                   \
+  subgroup_sync();                                                                                  \
+  [[unroll]] for (uint f = 0; f < FD; ++f) coopMatStoreNV(ACC[f], s_s, sbase + f * 16u, DMAX + 4u, false); \
+  subgroup_sync();                                                                                  \
+  if (j < p.S) {                                                                                    \
+    uint at = bth(b, j, kv, p.KV, p.S);                                                             \
+    [[unroll]] for (uint i = 0; i < HD; ++i) {                                                      \
+      uint d = half_ * HD + i;                                                                      \
+      if (d < p.D) T##_st(dt(F), OFF + at + d, s_s[sbase + lr * (DMAX + 4u) + d]);                  \
+    }                                                                                               \
+  }
+
+void main() {
+  const uint tid = gl_LocalInvocationIndex, sg = gl_SubgroupID, lane = gl_SubgroupInvocationID;
+  const uint b = gl_WorkGroupID.z / p.splits, split = gl_WorkGroupID.z % p.splits;
+  const uint kv = gl_WorkGroupID.y, j0 = gl_WorkGroupID.x * BC;
+  const uint G = p.H / p.KV;
+  const uint lr = lane % 16u, half_ = lane / 16u;
+
+  // K, then V rows into fragments, through the Q/dO tile (2 BR == BC rows).
+  F16M ka[FD], va[FD];
+  for (uint pass = 0; pass < 2u; ++pass) {
+    if (pass == 1u) barrier();
+    for (uint c = tid; c < BC * (DMAX / 8u); c += WG) {
+      uint r, d0, n;
+      tile_chunk(c, r, d0, n);
+      uint j = j0 + r;
+      uvec4 w = uvec4(0);
+      if (j < p.S && n > 0u) w = pass == 0u ? K_f16x8(dt(1), k_at(b, j, kv, d0), n) : V_f16x8(dt(2), v_at(b, j, kv, d0), n);
+      qo_s[r * DS + d0 / 8u] = w;
+    }
+    barrier();
+    [[unroll]] for (uint f = 0; f < FD; ++f) {
+      if (pass == 0u) coopMatLoadNV(ka[f], qo_s, sg * 16u * DS + f * 2u, DS, false);
+      else coopMatLoadNV(va[f], qo_s, sg * 16u * DS + f * 2u, DS, false);
+    }
+  }
+
+  const uint j = j0 + sg * 16u + lr;
+  const bool key_ok = key_usable(b, j);
+  const int key_doc = j < p.S ? doc_of(b, j) : 0;
+  const ivec2 queries = query_range(j0, min(j0 + BC, p.S) - 1u);
+  const uint row_end = uint(queries.y) * G;
+  // This workgroup's part of the rows, in whole row blocks, and where its outputs go.
+  const uint chunk = (row_end - uint(queries.x) * G + p.splits * BR - 1u) / (p.splits * BR) * BR;
+  const uint row_begin = min(uint(queries.x) * G + split * chunk, row_end);
+  const uint split_end = min(row_end, row_begin + chunk);
+  const uint out_shift = split * (gl_NumWorkGroups.z / p.splits) * p.S * p.KV * p.D;
+  const uint sbase = sg * SSZ, dbase = sbase + 16u * SST, pbase = sg * 32u * PST, dsbase = pbase + 16u * PST;
+  F32M dk[FD], dv[FD];
+  [[unroll]] for (uint f = 0; f < FD; ++f) dk[f] = dv[f] = F32M(0.0);
+
+  for (uint r0 = row_begin; r0 < split_end; r0 += BR) {
+    barrier();
+    for (uint c = tid; c < BR * (DMAX / 8u); c += WG) {
+      uint r, d0, n;
+      tile_chunk(c, r, d0, n);
+      uint row = r0 + r, t = row / G, h = kv * G + row % G;
+      bool ok = row < row_end && n > 0u;
+      qo_s[r * DS + d0 / 8u] = ok ? Q_f16x8(dt(0), q_at(b, t, h, d0), n) : uvec4(0);
+      qo_s[(BR + r) * DS + d0 / 8u] = ok ? X_f16x8(dt(3), x_at(b, t, h, d0), n) : uvec4(0);
+    }
+    if (tid < BR) {
+      uint row = min(r0 + tid, row_end - 1u), t = row / G, h = kv * G + row % G;
+      row_ok[tid] = r0 + tid < row_end;
+      row_qpos[tid] = int(t) + p.q_offset;
+      row_doc[tid] = doc_of(b, t);
+      row_lse[tid] = LD_F32(LSE, p.lse_off + bht(b, h, t));
+      row_delta[tid] = LD_F32(DELTA, p.delta_off + bht(b, h, t));
+    }
+    if (sg == 0u) {  // BR == 32: one subgroup votes on the block's rows
+      uint row = r0 + lane;
+      vote(0u, row < row_end, doc_of(b, min(row, row_end - 1u) / G));
+    }
+    barrier();
+    int rows_doc;
+    const bool rows_plain = voted(1u, rows_doc);
+
+    // S^T = K Q^T and dP^T = V dO^T for this subgroup's 16 keys.
+    [[unroll]] for (uint nb = 0; nb < BR / 16u; ++nb) {
+      F32M s = F32M(0.0), dp = F32M(0.0);
+      [[unroll]] for (uint f = 0; f < FD; ++f) {
+        F16M qb, ob;
+        coopMatLoadNV(qb, qo_s, nb * 16u * DS + f * 2u, DS, true);
+        coopMatLoadNV(ob, qo_s, (BR + nb * 16u) * DS + f * 2u, DS, true);
+        s = coopMatMulAddNV(ka[f], qb, s);
+        dp = coopMatMulAddNV(va[f], ob, dp);
+      }
+      coopMatStoreNV(s, s_s, sbase + nb * 16u, SST, false);
+      coopMatStoreNV(dp, s_s, dbase + nb * 16u, SST, false);
+    }
+    subgroup_sync();
+
+    const bool whole = rows_plain && key_ok && key_doc == rows_doc &&
+                       bounds_clear(int(j), int(j), int(r0 / G) + p.q_offset, int((r0 + BR - 1u) / G) + p.q_offset);
+    [[unroll]] for (uint i = 0; i < HC; i += 8u) {
+      float pr[8], ds[8];
+      [[unroll]] for (uint e = 0; e < 8u; ++e) {
+        uint c = half_ * HC + i + e;
+        pr[e] = ds[e] = 0.0;
+        if (whole || visible(row_ok[c], row_qpos[c], row_doc[c], key_ok, int(j), key_doc)) {
+          float x = capped(s_s[sbase + lr * SST + c]);
+          pr[e] = exp(x - row_lse[c]);
+          float g = pr[e] * (s_s[dbase + lr * SST + c] - row_delta[c]);
+          if (p.softcap > 0.0) g *= 1.0 - (x / p.softcap) * (x / p.softcap);
+          ds[e] = g * p.scale;
+        }
+      }
+      pd_s[pbase + lr * PST + (half_ * HC + i) / 8u] = pack8(pr);
+      pd_s[dsbase + lr * PST + (half_ * HC + i) / 8u] = pack8(ds);
+    }
+    subgroup_sync();
+
+    // dV += P^T dO, dK += dS^T Q.
+    [[unroll]] for (uint kb = 0; kb < BR / 16u; ++kb) {
+      F16M pa, da;
+      coopMatLoadNV(pa, pd_s, pbase + kb * 2u, PST, false);
+      coopMatLoadNV(da, pd_s, dsbase + kb * 2u, PST, false);
+      [[unroll]] for (uint f = 0; f < FD; ++f) {
+        F16M qr, orow;
+        coopMatLoadNV(orow, qo_s, (BR + kb * 16u) * DS + f * 2u, DS, false);
+        coopMatLoadNV(qr, qo_s, kb * 16u * DS + f * 2u, DS, false);
+        dv[f] = coopMatMulAddNV(pa, orow, dv[f]);
+        dk[f] = coopMatMulAddNV(da, qr, dk[f]);
+      }
+    }
+  }
+
+  STORE_ROWS(dk, Y, 4, p.y_off + out_shift)
+  STORE_ROWS(dv, Z, 5, p.z_off + out_shift)
+}

@@ -1,0 +1,112 @@
+// Shared parts of the tensor-core fused attention kernels (flash_attention_{fwd,bwd_dq,bwd_dkdv}_cm.comp): the
+// bindings, push constants and mask of flash_attention.glsl, plus f16 tiles in shared memory and the lane layout.
+// Products run on VK_NV_cooperative_matrix 16x16x16 f16 fragments with f32 accumulation; softmax, masks and the
+// rescaling of the online softmax run in f32 on plain registers. A workgroup is 4 subgroups of 32; each subgroup
+// owns 16 rows of the problem (queries in the forward and dQ kernels, keys in dK/dV) and works on them alone
+// between the workgroup's tile loads (subgroup barriers only). Scores leave the accumulators through shared
+// memory as f32 [16][cols + 4]; lane l then handles row l % 16, columns [(l / 16) * cols / 2, +cols / 2) (the
+// row's other half is lane l ^ 16). Operand tiles are f16 [rows][DMAX + 8] (uvec4 = 8 halves per element of
+// the shared arrays). Inputs are read 8 elements at a time where flags bit 8 says every row start is a multiple
+// of 8 elements, else element by element; bf16 and f32 inputs become f16 in the tiles.
+#ifndef LMTUNE_FLASH_ATTENTION_CM_GLSL
+#define LMTUNE_FLASH_ATTENTION_CM_GLSL
+
+#extension GL_KHR_memory_scope_semantics : enable
+#extension GL_NV_cooperative_matrix : require
+#extension GL_EXT_shader_explicit_arithmetic_types_float16 : require
+#extension GL_KHR_shader_subgroup_basic : enable
+#extension GL_KHR_shader_subgroup_shuffle : enable
+#extension GL_KHR_shader_subgroup_vote : enable
+
+#include "flash_attention.glsl"
+
+#define F16M fcoopmatNV<16, gl_ScopeSubgroup, 16, 16>
+#define F32M fcoopmatNV<32, gl_ScopeSubgroup, 16, 16>
+
+const uint NSG = 4u;              // subgroups per workgroup (WG = 128)
+const uint FD = DMAX / 16u;       // 16-wide fragments across the head dim
+const uint DS = (DMAX + 8u) / 8u;  // row stride of an f16 operand tile, in uvec4
+
+#define VEC8_VIEW(B, T) \
+  layout(std430, set = 0, binding = B) readonly buffer T##_bufv { uvec4 T##_v[]; };
+VEC8_VIEW(0, Q)
+VEC8_VIEW(1, K)
+VEC8_VIEW(2, V)
+VEC8_VIEW(3, X)
+
+bool vec8() { return (p.flags & 8u) != 0u; }
+
+uvec4 pack8(float x[8]) {
+  return uvec4(packHalf2x16(vec2(x[0], x[1])), packHalf2x16(vec2(x[2], x[3])), packHalf2x16(vec2(x[4], x[5])),
+               packHalf2x16(vec2(x[6], x[7])));
+}
+uint bf16x2_to_f16x2(uint w) { return packHalf2x16(vec2(uintBitsToFloat(w << 16), uintBitsToFloat(w & 0xffff0000u))); }
+
+// 8 elements of a tensor from element e on (the first n < 8 only, the rest 0), as 8 f16.
+#define F16X8_FN(T)                                                                                    \
+  uvec4 T##_f16x8(uint dt, uint e, uint n) {                                                           \
+    if (vec8() && n == 8u) {                                                                           \
+      if (dt == DT_F32) {                                                                              \
+        uvec4 w0 = T##_v[e >> 2], w1 = T##_v[(e >> 2) + 1u];                                           \
+        return uvec4(packHalf2x16(uintBitsToFloat(w0.xy)), packHalf2x16(uintBitsToFloat(w0.zw)),       \
+                     packHalf2x16(uintBitsToFloat(w1.xy)), packHalf2x16(uintBitsToFloat(w1.zw)));      \
+      }                                                                                                \
+      uvec4 w = T##_v[e >> 3];                                                                         \
+      if (dt == DT_F16) return w;                                                                      \
+      return uvec4(bf16x2_to_f16x2(w.x), bf16x2_to_f16x2(w.y), bf16x2_to_f16x2(w.z), bf16x2_to_f16x2(w.w)); \
+    }                                                                                                  \
+    float x[8];                                                                                        \
+    [[unroll]] for (uint i = 0; i < 8u; ++i) x[i] = i < n ? T##_ld(dt, e + i) : 0.0;                   \
+    return pack8(x);                                                                                   \
+  }
+F16X8_FN(Q)
+F16X8_FN(K)
+F16X8_FN(V)
+F16X8_FN(X)
+
+// Chunk c of a [rows][DMAX] tile: its row and first dim, and how many of its 8 dims exist (D <= DMAX).
+void tile_chunk(uint c, out uint r, out uint d0, out uint n) {
+  r = c / (DMAX / 8u);
+  d0 = (c % (DMAX / 8u)) * 8u;
+  n = d0 < p.D ? min(8u, p.D - d0) : 0u;
+}
+
+// Stores 8 f32 as f16 into an operand-style tile row (uvec4 units).
+uvec4 f16x8_of(vec4 a, vec4 b) {
+  return uvec4(packHalf2x16(a.xy), packHalf2x16(a.zw), packHalf2x16(b.xy), packHalf2x16(b.zw));
+}
+
+// Row maximum / sum over the two lanes that share a row.
+float pair_max(float x) { return max(x, subgroupShuffleXor(x, 16u)); }
+float pair_sum(float x) { return x + subgroupShuffleXor(x, 16u); }
+
+// Whether the causal and window bounds clear keys [j_first, j_last] for queries at positions
+// qpos_first..qpos_last. With a block-wide vote that all its keys (or rows) are usable and of one document, this
+// saves the element-wise masks (nearly half the forward's time) everywhere off the diagonal and document edges.
+bool bounds_clear(int j_first, int j_last, int qpos_first, int qpos_last) {
+  if (causal() && j_last > qpos_first) return false;
+  return p.window <= 0 || qpos_last - j_first < p.window;
+}
+
+shared bool vote_s[2];
+shared int vote_doc_s[2];
+// Subgroup `slot` (0 or 1) votes whether `ok` holds on all its lanes and `doc` is one value across them.
+void vote(uint slot, bool ok, int doc) {
+  bool plain = subgroupAll(ok) && subgroupAllEqual(doc);
+  if (gl_SubgroupInvocationID == 0u) {
+    vote_s[slot] = plain;
+    vote_doc_s[slot] = doc;
+  }
+}
+// After a barrier: whether the `slots` votes all passed with one document, and that document.
+bool voted(uint slots, out int doc) {
+  doc = vote_doc_s[0];
+  return vote_s[0] && (slots < 2u || (vote_s[1] && vote_doc_s[1] == doc));
+}
+
+void subgroup_sync() {
+  subgroupMemoryBarrierShared();
+  subgroupBarrier();
+}
+
+#endif

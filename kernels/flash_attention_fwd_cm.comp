@@ -1,0 +1,138 @@
+#version 450
+// Fused attention forward on tensor cores (the same contract as flash_attention_fwd.comp, without key-range
+// splits): one workgroup per (block of 64 rows, kv head, batch), a subgroup per 16 rows. Each subgroup keeps its
+// Q rows as f16 fragments and, per block of BC keys staged in shared memory, computes S = Q K^T, the online
+// softmax on its lanes (P rounded to f16) and P V into fresh accumulators, which its lanes fold into the output
+// rows they hold in registers: O = alpha O + P V. Layout conventions in flash_attention_cm.glsl.
+#include "flash_attention_cm.glsl"
+
+const uint BC = 64u;                          // keys per block
+const uint BR = NSG * 16u;                    // rows per workgroup
+const uint SST = max(BC, DMAX) + 4u;          // f32 stride of a subgroup's scores, then its P V
+const uint PST = (BC + 8u) / 8u;              // uvec4 stride of P
+const uint HC = BC / 2u, HD = DMAX / 2u;      // columns per lane: scores, output dims
+
+shared uvec4 kv_s[2u * BC * DS];  // K rows, then V rows (Q at the start)
+shared float s_s[NSG * 16u * SST];
+shared uvec4 p_s[NSG * 16u * PST];
+shared bool key_ok[BC];
+shared int key_doc[BC];
+
+void main() {
+  const uint tid = gl_LocalInvocationIndex, sg = gl_SubgroupID, lane = gl_SubgroupInvocationID;
+  // The last row blocks see the most keys under a causal mask: they start first.
+  const uint b = gl_WorkGroupID.z, kv = gl_WorkGroupID.y, r0 = (gl_NumWorkGroups.x - 1u - gl_WorkGroupID.x) * BR;
+  const uint G = p.H / p.KV, rows = p.T * G;
+  const uint lr = lane % 16u, half_ = lane / 16u;  // this lane's row in the subgroup and its half of the columns
+
+  // Q rows into fragments, through the K/V tile.
+  for (uint c = tid; c < BR * (DMAX / 8u); c += WG) {
+    uint r, d0, n;
+    tile_chunk(c, r, d0, n);
+    uint row = r0 + r;
+    kv_s[r * DS + d0 / 8u] = row < rows && n > 0u ? Q_f16x8(dt(0), q_at(b, row / G, kv * G + row % G, d0), n) : uvec4(0);
+  }
+  barrier();
+  F16M qa[FD];
+  [[unroll]] for (uint f = 0; f < FD; ++f) coopMatLoadNV(qa[f], kv_s, sg * 16u * DS + f * 2u, DS, false);
+
+  const uint row = r0 + sg * 16u + lr;
+  const bool row_ok = row < rows;
+  const uint t = min(row, rows - 1u) / G;
+  const int qpos = int(t) + p.q_offset, doc = doc_of(b, t);
+  const ivec2 keys = key_range(r0 / G, (min(r0 + BR, rows) - 1u) / G);
+  float m = NEG_INF, l = 0.0;
+  float o[HD];
+  [[unroll]] for (uint i = 0; i < HD; ++i) o[i] = 0.0;
+  const uint sbase = sg * 16u * SST, pbase = sg * 16u * PST;
+
+  for (int jb = keys.x; jb < keys.y; jb += int(BC)) {
+    barrier();
+    for (uint c = tid; c < BC * (DMAX / 8u); c += WG) {
+      uint r, d0, n;
+      tile_chunk(c, r, d0, n);
+      uint j = uint(jb) + r;
+      bool ok = j < p.S && n > 0u;
+      kv_s[r * DS + d0 / 8u] = ok ? K_f16x8(dt(1), k_at(b, j, kv, d0), n) : uvec4(0);
+      kv_s[(BC + r) * DS + d0 / 8u] = ok ? V_f16x8(dt(2), v_at(b, j, kv, d0), n) : uvec4(0);
+    }
+    if (sg < BC / 32u) {
+      uint c = sg * 32u + lane, j = uint(jb) + c;
+      bool ok = int(j) < keys.y && key_usable(b, j);
+      int d = j < p.S ? doc_of(b, j) : 0;
+      key_ok[c] = ok;
+      key_doc[c] = d;
+      vote(sg, ok, d);
+    }
+    barrier();
+    int block_doc;
+    const bool keys_plain = voted(BC / 32u, block_doc);
+
+    // S = Q K^T for this subgroup's 16 rows.
+    [[unroll]] for (uint nb = 0; nb < BC / 16u; ++nb) {
+      F32M acc = F32M(0.0);
+      [[unroll]] for (uint f = 0; f < FD; ++f) {
+        F16M kb;
+        coopMatLoadNV(kb, kv_s, nb * 16u * DS + f * 2u, DS, true);
+        acc = coopMatMulAddNV(qa[f], kb, acc);
+      }
+      coopMatStoreNV(acc, s_s, sbase + nb * 16u, SST, false);
+    }
+    subgroup_sync();
+
+    // Online softmax of this lane's half row; element-wise masks only where the block is not wholly visible.
+    float s[HC];
+    float mx = NEG_INF;
+    const bool whole = row_ok && keys_plain && doc == block_doc && bounds_clear(jb, jb + int(BC) - 1, qpos, qpos);
+    [[unroll]] for (uint i = 0; i < HC; ++i) s[i] = s_s[sbase + lr * SST + half_ * HC + i];
+    if (whole) {
+      [[unroll]] for (uint i = 0; i < HC; ++i) s[i] = capped(s[i]);
+    } else {
+      [[unroll]] for (uint i = 0; i < HC; ++i) {
+        uint c = half_ * HC + i;
+        s[i] = visible(row_ok, qpos, doc, key_ok[c], jb + int(c), key_doc[c]) ? capped(s[i]) : NEG_INF;
+      }
+    }
+    [[unroll]] for (uint i = 0; i < HC; ++i) mx = max(mx, s[i]);
+    const float m_new = max(m, pair_max(mx));
+    const float alpha = m_new == NEG_INF ? 1.0 : (m == NEG_INF ? 0.0 : exp(m - m_new));
+    float sum = 0.0;
+    [[unroll]] for (uint i = 0; i < HC; i += 8u) {
+      vec4 a, c;
+      [[unroll]] for (uint e = 0; e < 4u; ++e) {
+        a[e] = s[i + e] == NEG_INF ? 0.0 : exp(s[i + e] - m_new);
+        c[e] = s[i + 4u + e] == NEG_INF ? 0.0 : exp(s[i + 4u + e] - m_new);
+      }
+      sum += a.x + a.y + a.z + a.w + c.x + c.y + c.z + c.w;
+      p_s[pbase + lr * PST + (half_ * HC + i) / 8u] = f16x8_of(a, c);
+    }
+    l = l * alpha + pair_sum(sum);
+    m = m_new;
+    subgroup_sync();
+
+    // P V into the score rows, folded into o.
+    [[unroll]] for (uint f = 0; f < FD; ++f) {
+      F32M acc = F32M(0.0);
+      [[unroll]] for (uint kb = 0; kb < BC / 16u; ++kb) {
+        F16M pa, vb;
+        coopMatLoadNV(pa, p_s, pbase + kb * 2u, PST, false);
+        coopMatLoadNV(vb, kv_s, (BC + kb * 16u) * DS + f * 2u, DS, false);
+        acc = coopMatMulAddNV(pa, vb, acc);
+      }
+      coopMatStoreNV(acc, s_s, sbase + f * 16u, SST, false);
+    }
+    subgroup_sync();
+    [[unroll]] for (uint i = 0; i < HD; ++i) o[i] = o[i] * alpha + s_s[sbase + lr * SST + half_ * HD + i];
+  }
+
+  if (row_ok) {
+    float inv = l > 0.0 ? 1.0 / l : 0.0;  // a row that saw no key outputs 0
+    uint at = bth(b, t, kv * G + row % G, p.H, p.T);
+    [[unroll]] for (uint i = 0; i < HD; ++i) {
+      uint d = half_ * HD + i;
+      if (d < p.D) Y_st(dt(4), p.y_off + at + d, o[i] * inv);
+    }
+    if (half_ == 0u)
+      ST_F32(LSE, p.lse_off + bht(b, kv * G + row % G, t), l > 0.0 ? m + log(l) : NEG_INF);
+  }
+}

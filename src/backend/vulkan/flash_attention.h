@@ -1,0 +1,21 @@
+// Vulkan fused attention: which kernels run (tests and benchmarks can override), and which ran last. The
+// kernels are kernels/flash_attention_*.comp: portable f32 ones on every device, and tensor-core ones
+// (*_cm.comp: f16 products through VK_NV_cooperative_matrix, f32 softmax and accumulation) for head dims <= 64;
+// the ops themselves are FlashAttention(Backward)::eval_vulkan in flash_attention.cpp.
+#pragma once
+#include <string>
+
+namespace lmtune::vk {
+
+enum class FlashKernel { automatic, portable, coopmat };
+
+// LMTUNE_FLASH_KERNEL=portable|coopmat|auto gives the default. automatic takes the tensor-core kernels where the
+// device has them, D <= 64, at least 64 rows (queries x heads per kv head: not decoding), and the matmuls would
+// use tensor cores on these inputs (matmul_options(): not the scalar kernel; f32 inputs only with
+// LMTUNE_MATMUL_F32=fp16). coopmat forces them (DeviceError / ShapeError where they cannot run). Process-wide.
+FlashKernel& flash_kernel();
+
+// "portable" or "coopmat": the kernels of the last Vulkan flash attention call (forward or backward).
+std::string last_flash_kernel();
+
+}  // namespace lmtune::vk
