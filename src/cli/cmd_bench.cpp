@@ -57,7 +57,12 @@ bool g_f32_out = false;   // --f32-out
 struct MatmulShape {
   int64_t M, N, K;
   DType dtype;
-  bool b_transposed;  // x @ W^T with W [N, K]: the layout of a linear layer
+  bool b_transposed;          // x @ W^T with W [N, K]: the layout of a linear layer
+  bool a_transposed = false;  // X^T @ Y with X [K, M]: a weight gradient
+  std::string label() const {
+    return std::to_string(M) + "x" + std::to_string(N) + "x" + std::to_string(K) + " " + (a_transposed ? "t" : "n") +
+           (b_transposed ? "t" : "n");
+  }
 };
 
 std::vector<MatmulShape> matmul_shapes(const BenchOptions& o, bool small) {
@@ -72,8 +77,14 @@ std::vector<MatmulShape> matmul_shapes(const BenchOptions& o, bool small) {
       char tail[32] = "";
       int got = std::sscanf(one.c_str(), "%lldx%lldx%lld%31s", &m, &n, &k, tail);
       std::string suffix = got == 4 ? tail : "";
-      bool nt = suffix.size() >= 3 && suffix.substr(suffix.size() - 3) == ":nt";
-      if (nt) suffix.resize(suffix.size() - 3);
+      bool ta = false, tb = false;
+      for (const char* l : {":nn", ":nt", ":tn", ":tt"})
+        if (suffix.size() >= 3 && suffix.substr(suffix.size() - 3) == l) {
+          ta = l[1] == 't';
+          tb = l[2] == 't';
+          suffix.resize(suffix.size() - 3);
+          break;
+        }
       std::optional<DType> only;
       if (!suffix.empty() && suffix[0] == ':') {
         try {
@@ -83,9 +94,9 @@ std::vector<MatmulShape> matmul_shapes(const BenchOptions& o, bool small) {
         }
       }
       if (got < 3 || m <= 0 || n <= 0 || k <= 0 || (!suffix.empty() && !only))
-        throw ConfigError("bench: bad --shapes entry '" + one + "' (expected MxNxK[:dtype][:nt])");
+        throw ConfigError("bench: bad --shapes entry '" + one + "' (expected MxNxK[:dtype][:nn|:nt|:tn|:tt])");
       for (DType t : {DType::f16, DType::f32})
-        s.push_back({m, n, k, only.value_or(t), nt});
+        s.push_back({m, n, k, only.value_or(t), tb, ta});
       if (only) s.pop_back();
     }
     return s;
@@ -118,10 +129,11 @@ std::string kernel_label(Device dev) {
 Result bench_matmul(const MatmulShape& s, Device dev, int reps) {
   Result r;
   r.op = "matmul";
-  r.shape = std::to_string(s.M) + "x" + std::to_string(s.N) + "x" + std::to_string(s.K) + (s.b_transposed ? " nt" : " nn");
+  r.shape = s.label();
   r.dtype = std::string(dtype_name(s.dtype));
   r.flops = true;
-  Tensor a = Tensor::randn({s.M, s.K}, 1, 1.0f, s.dtype, dev);
+  Tensor a = s.a_transposed ? ops::transpose(Tensor::randn({s.K, s.M}, 1, 1.0f, s.dtype, dev))
+                            : Tensor::randn({s.M, s.K}, 1, 1.0f, s.dtype, dev);
   Tensor b = s.b_transposed ? ops::transpose(Tensor::randn({s.N, s.K}, 2, 1.0f, s.dtype, dev))
                             : Tensor::randn({s.K, s.N}, 2, 1.0f, s.dtype, dev);
   const DType out = g_f32_out ? DType::f32 : s.dtype;
@@ -284,7 +296,7 @@ void run_bench_ops(const std::string& device_opt, const BenchOptions& o) {
     if (!selected(o, "matmul")) break;
     Result fail;
     fail.op = "matmul";
-    fail.shape = std::to_string(s.M) + "x" + std::to_string(s.N) + "x" + std::to_string(s.K) + (s.b_transposed ? " nt" : " nn");
+    fail.shape = s.label();
     fail.dtype = std::string(dtype_name(s.dtype));
     run([&] { return bench_matmul(s, dev, o.reps); }, fail);
   }
@@ -317,7 +329,7 @@ void add_bench_command(CLI::App& app, const std::string& device) {
   auto o = std::make_shared<BenchOptions>();
   ops_cmd->add_flag("--json", o->json, "One JSON object per line");
   ops_cmd->add_option("--sizes", o->sizes, "auto | small | full (auto: small on CPU devices)");
-  ops_cmd->add_option("--shapes", o->shapes, "Matmul shapes MxNxK[:dtype][:nt][,...] (f16 and f32 unless a dtype is given; :nt multiplies by a transposed B)");
+  ops_cmd->add_option("--shapes", o->shapes, "Matmul shapes MxNxK[:dtype][:nt|:tn|:tt][,...] (f16 and f32 unless a dtype is given; t: that operand transposed)");
   ops_cmd->add_option("--ops", o->only, "Comma list of ops to run (matmul,attention,add,mul,silu,copy,cast,rms_norm,softmax,sum)");
   ops_cmd->add_option("--reps", o->reps, "Timed repetitions per op (median)")->check(CLI::Range(1, 1000));
   ops_cmd->add_option("--warmup", o->warmup_s, "Seconds of warm-up per op (default 1)")->check(CLI::Range(0.0, 60.0));

@@ -170,33 +170,49 @@ void choose_tile_and_split(Plan& p, bool coopmat, const MatmulOptions& opt, uint
   const double eff_cm[] = {1.0, 0.9, 0.6}, eff_gpu[] = {1.0, 0.85, 0.6}, eff_cpu[] = {1.0, 0.3, 0.15};
   const double* eff_sc = cpu_device ? eff_cpu : eff_gpu;
   const uint64_t slots = cpu_device ? 2 : 132;
-  double best = 0;
-  bool first = true;
-  for (int t = 0; t < 3; ++t) {
-    if (opt.tile && opt.tile != tiles[t]) continue;
+  // The cheapest split of tile t when `resident` of its workgroups share a multiprocessor at full speed.
+  auto best_split = [&](int t, uint64_t resident, uint32_t& split) {
     Plan q = coopmat ? coopmat_plan(tiles[t]) : scalar_plan(tiles[t]);
     uint64_t groups = div_up(M, q.bm) * div_up(N, q.bn) * batch;
     uint64_t max_split = std::max<uint64_t>(1, std::min<uint64_t>(16, K / 256));  // >= 256 of K per split
     if (opt.splitk) max_split = std::min<uint64_t>(16, uint64_t(opt.splitk));
     if (!allow_split) max_split = 1;
+    double best = -1;
     for (uint64_t s = 1; s <= max_split; ++s) {
       if (opt.splitk && allow_split && uint64_t(opt.splitk) != s) continue;
       if (groups * s > kMaxGroupsZ * 64) continue;
       uint64_t kper = div_up(div_up(K, s), q.bk) * q.bk;
-      double waves = double(div_up(groups * s, slots));
+      double waves = double(div_up(groups * s, slots * resident));
       double cost = waves * double(q.bm) * double(q.bn) * double(kper) / (coopmat ? eff_cm[t] : eff_sc[t]);
       // Tiles that all lie inside the problem can take the coopmat fast kernel (matmul_coopmat_fast.comp); the
       // general one ran at 0.5-0.95 of its speed on the H100's training shapes (bench/RESULTS.md).
       if (coopmat && !(M % q.bm == 0 && N % q.bn == 0 && K % q.bk == 0)) cost /= kGeneralKernelEfficiency;
       if (s > 1) cost += double(M * N * batch) * double(s + 2) * 2.0;  // partials written, read, output
-      if (first || cost < best * 0.97) {  // prefer bigger tiles and no split on near-ties
+      if (best < 0 || cost < best * 0.97) {  // prefer no split on near-ties
         best = cost;
-        first = false;
-        q.nsplit = uint32_t(s);
-        p = q;
+        split = uint32_t(s);
       }
     }
+    return best;
+  };
+  // The tile, as if one workgroup filled a multiprocessor (bigger tiles win near-ties)...
+  double best = -1;
+  int chosen = 0;
+  for (int t = 0; t < 3; ++t) {
+    if (opt.tile && opt.tile != tiles[t]) continue;
+    uint32_t split = 1;
+    double cost = best_split(t, 1, split);
+    if (cost >= 0 && (best < 0 || cost < best * 0.97)) {
+      best = cost;
+      chosen = t;
+    }
   }
+  p = coopmat ? coopmat_plan(tiles[chosen]) : scalar_plan(tiles[chosen]);
+  // ...then its split-K knowing that a multiprocessor holds several small coopmat tiles at once: a skinny product
+  // (LoRA's rank-16 sides: 8192 x 16 x 4864) splits K to fill the GPU instead of walking all of K in one thin
+  // wave (H100: 0.30 -> 0.16 ms).
+  const uint64_t resident[] = {1, 2, 4};
+  best_split(chosen, coopmat && !cpu_device ? resident[chosen] : 1, p.nsplit);
 }
 
 void log_once(std::once_flag& flag, const std::string& msg) {
