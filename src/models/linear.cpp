@@ -36,11 +36,13 @@ Tensor factor_product(const Tensor& x, const Tensor& factor) {
   return half && factor.dtype() == DType::f32 ? ops::autocast_linear(x, factor) : ops::linear(x, factor);
 }
 
-// scale · (dropout(x) Aᵀ) Bᵀ: R·(in + out) per token instead of materialising B A.
+// (scale · dropout(x) Aᵀ) Bᵀ: R·(in + out) per token instead of materialising B A. The scale multiplies the
+// rank-R intermediate, not the [tokens, out] product: one pass over R columns instead of `out` (forward and
+// backward).
 Tensor lora_delta(const LoraAdapter& a, const Tensor& x) {
   Tensor in = g_dropout.active && a.dropout > 0 ? ops::mul(x, dropout_mask(x, a.dropout, a.dropout_key)) : x;
-  Tensor up = factor_product(factor_product(in, a.A), a.B);
-  return a.scale == 1.0f ? up : ops::scale(up, a.scale);
+  Tensor down = factor_product(in, a.A);
+  return factor_product(a.scale == 1.0f ? down : ops::scale(down, a.scale), a.B);
 }
 
 }  // namespace
