@@ -164,10 +164,33 @@ std::vector<Tensor> fresh_leaves(const std::vector<Tensor>& primals) {
   return leaves;
 }
 
+// Outputs that apply_kept keeps in a checkpointed segment's first pass, handed back in its recomputation.
+struct KeptOutputs {
+  std::vector<std::vector<Tensor>> outputs;
+  size_t next = 0;
+  bool replay = false;
+};
+thread_local KeptOutputs* g_kept = nullptr;
+
+struct KeptScope {
+  KeptOutputs* saved;
+  explicit KeptScope(KeptOutputs* k) : saved(g_kept) { g_kept = k; }
+  ~KeptScope() { g_kept = saved; }
+  KeptScope(const KeptScope&) = delete;
+  KeptScope& operator=(const KeptScope&) = delete;
+};
+
+bool matches(const std::vector<Tensor>& kept, const std::vector<OutputSpec>& specs) {
+  if (kept.size() != specs.size()) return false;
+  for (size_t i = 0; i < kept.size(); ++i)
+    if (kept[i].shape() != specs[i].shape || kept[i].dtype() != specs[i].dtype) return false;
+  return true;
+}
+
 // The node that checkpoint() records: its vjp recomputes the segment with recording on.
 class CheckpointPrimitive final : public Primitive {
  public:
-  explicit CheckpointPrimitive(Fn fn) : fn_(std::move(fn)) {}
+  CheckpointPrimitive(Fn fn, std::shared_ptr<KeptOutputs> kept) : fn_(std::move(fn)), kept_(std::move(kept)) {}
   const char* name() const override { return "checkpoint"; }
   void eval_cpu(const std::vector<Tensor>&, std::vector<Tensor>&) override {}
   void eval_vulkan(const std::vector<Tensor>&, std::vector<Tensor>&) override {}
@@ -178,16 +201,26 @@ class CheckpointPrimitive final : public Primitive {
     EnableGrad grad_on;
     std::vector<Tensor> leaves = fresh_leaves(node.inputs);
     uint64_t first = tape::next_seq();  // nodes of the recomputation come after this
-    std::vector<Tensor> outs = fn_(leaves);
-    return run_backward(outs, cots, leaves, /*accumulate_leaves=*/true, first);
+    std::vector<Tensor> outs;
+    {
+      kept_->replay = true;
+      kept_->next = 0;
+      KeptScope scope(kept_.get());
+      outs = fn_(leaves);
+    }
+    std::vector<Tensor> grads = run_backward(outs, cots, leaves, /*accumulate_leaves=*/true, first);
+    kept_->outputs.clear();  // freed as the backward walks down the segments
+    return grads;
   }
   std::vector<Tensor> jvp(const Node& node, const std::vector<Tensor>& tangents) override {
     EnableGrad grad_on;
+    KeptScope none(nullptr);
     return lmtune::jvp(fn_, node.inputs, tangents).second;
   }
 
  private:
   Fn fn_;
+  std::shared_ptr<KeptOutputs> kept_;
 };
 
 bool is_checkpoint(const Primitive& prim) { return dynamic_cast<const CheckpointPrimitive*>(&prim) != nullptr; }
@@ -318,14 +351,26 @@ Fn checkpoint(Fn f) {
   return [f](const std::vector<Tensor>& inputs) -> std::vector<Tensor> {
     if (!grad_enabled()) return f(inputs);
     std::vector<Tensor> outs;
+    auto kept = std::make_shared<KeptOutputs>();
     {
-      NoGrad no_grad;  // no intermediates are kept: backward recomputes them
+      NoGrad no_grad;  // no intermediates are kept (but apply_kept's): backward recomputes them
+      KeptScope scope(kept.get());
       outs = f(inputs);
     }
     for (auto& o : outs) o = o.detach();
     tape::Scope force(tape::saving_everything(), /*force_record=*/true);
-    return record(std::make_shared<CheckpointPrimitive>(f), inputs, std::move(outs));
+    return record(std::make_shared<CheckpointPrimitive>(f, std::move(kept)), inputs, std::move(outs));
   };
+}
+
+std::vector<Tensor> apply_kept(std::shared_ptr<Primitive> prim, const std::vector<Tensor>& inputs,
+                               const std::vector<OutputSpec>& outputs) {
+  KeptOutputs* k = g_kept;
+  if (k && k->replay && k->next < k->outputs.size() && matches(k->outputs[k->next], outputs))
+    return record(std::move(prim), inputs, k->outputs[k->next++]);
+  std::vector<Tensor> outs = apply(std::move(prim), inputs, outputs);
+  if (k && !k->replay) k->outputs.push_back(outs);
+  return outs;
 }
 
 }  // namespace lmtune

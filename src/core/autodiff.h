@@ -63,4 +63,11 @@ std::function<std::pair<Tensor, std::vector<Tensor>>(const std::vector<Tensor>&)
 // recomputes them from the saved inputs. Tensors captured by f that require grad receive gradients too.
 Fn checkpoint(Fn f);
 
+// Selective recomputation: inside a function run by checkpoint(), apply_kept runs a primitive in the first pass
+// and keeps its outputs; backward's recomputation records the kept outputs (in call order) instead of running it
+// again, and frees them once that segment's backward is done. Elsewhere it is apply(). For ops that cost far more
+// to recompute than to keep: the fused attention keeps O and LSE (B·T·H·(D + 2) values per layer).
+std::vector<Tensor> apply_kept(std::shared_ptr<Primitive> prim, const std::vector<Tensor>& inputs,
+                               const std::vector<OutputSpec>& outputs);
+
 }  // namespace lmtune

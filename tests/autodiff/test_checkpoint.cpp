@@ -1,11 +1,12 @@
 // Gradient checkpointing on a 4-layer decoder stack: bitwise-identical gradients (inputs and captured
-// parameters) with and without checkpoint, lower peak memory with it, matching jvp, and the error for a
-// captured tensor that is not a leaf.
+// parameters) with and without checkpoint, lower peak memory with it, matching jvp, the error for a captured
+// tensor that is not a leaf, and outputs kept across the recomputation (apply_kept).
 #include <cstring>
 #include <iostream>
 
 #include "autodiff/decoder.h"
 #include "autodiff/gradcheck.h"
+#include "backend/cpu/strided.h"
 #include "core/error.h"
 
 namespace lmtune::test {
@@ -93,6 +94,63 @@ TEST(Checkpoint, CapturedParametersGetGradientsWhenInputsDoNot) {
     ckpt.push_back(t.grad().to_floats());
   }
   EXPECT_EQ(plain, ckpt);
+}
+
+}  // namespace
+}  // namespace lmtune::test
+
+namespace lmtune::test {
+namespace {
+
+// y = 3 x on the CPU, counting its evaluations.
+class CountedTriple final : public Primitive {
+ public:
+  explicit CountedTriple(int* evals) : evals_(evals) {}
+  const char* name() const override { return "counted_triple"; }
+  void eval_cpu(const std::vector<Tensor>& in, std::vector<Tensor>& out) override {
+    ++*evals_;
+    const float* x = cpu::data<float>(in[0]);
+    float* y = cpu::data<float>(out[0]);
+    for (int64_t i = 0; i < out[0].numel(); ++i) y[i] = 3.0f * x[i];
+  }
+  void eval_vulkan(const std::vector<Tensor>&, std::vector<Tensor>&) override { ADD_FAILURE() << "CPU only"; }
+  bool has_vjp() const override { return true; }
+  std::vector<Tensor> vjp(const Node&, const std::vector<Tensor>& cot, const std::vector<bool>&) override {
+    return {ops::scale(cot[0], 3.0f)};
+  }
+
+ private:
+  int* evals_;
+};
+
+// apply_kept inside a checkpointed segment: evaluated once (the recomputation records the kept output), with the
+// same gradients as plain apply; outside a checkpoint it computes as usual.
+TEST(Checkpoint, KeptOutputsAreNotRecomputed) {
+  int evals = 0;
+  auto segment = [&](bool keep) {
+    return Fn([&evals, keep](const std::vector<Tensor>& in) {
+      Tensor a = ops::tanh(in[0]);
+      auto prim = std::make_shared<CountedTriple>(&evals);
+      std::vector<OutputSpec> spec{{a.shape(), a.dtype()}};
+      Tensor b = keep ? apply_kept(prim, {a}, spec)[0] : apply(prim, {a}, spec)[0];
+      return std::vector<Tensor>{ops::mul(b, b)};
+    });
+  };
+  Tensor x = f32_input({5, 3}, 91);
+  Tensor u = random_like({5, 3}, 92);
+  auto want = lmtune::vjp(segment(false), {x}, {u});
+  EXPECT_EQ(evals, 1);
+  evals = 0;
+  auto recomputed = lmtune::vjp(checkpoint(segment(false)), {x}, {u});
+  EXPECT_EQ(evals, 2) << "plain apply runs again in the recomputation";
+  evals = 0;
+  auto kept = lmtune::vjp(checkpoint(segment(true)), {x}, {u});
+  EXPECT_EQ(evals, 1) << "the kept output was recomputed";
+  EXPECT_EQ(want.second[0].to_floats(), kept.second[0].to_floats());
+  EXPECT_EQ(want.first[0].to_floats(), kept.first[0].to_floats());
+  evals = 0;
+  lmtune::vjp(segment(true), {x}, {u});  // no checkpoint: apply
+  EXPECT_EQ(evals, 1);
 }
 
 }  // namespace
