@@ -60,6 +60,29 @@ TEST(VulkanRuntime, AllocatorSubAllocatesAndReuses) {
   EXPECT_EQ(be.peak_bytes(), be.bytes_in_use());
 }
 
+// Freed blocks stay reserved (up to 1.25x the most ever held) for the next step's tensors instead of going back
+// to the driver and being allocated again.
+TEST(VulkanRuntime, AllocatorKeepsFreedBlocksForReuse) {
+  REQUIRE_VULKAN();
+  vk::Context& ctx = vk::context_for(gpu());
+  Backend& be = backend(gpu());
+  be.synchronize();
+  const size_t big = size_t(ctx.allocator().block_size()) * 5 / 8;  // one per block
+  auto step = [&] {
+    std::vector<std::shared_ptr<Buffer>> bufs;
+    for (int i = 0; i < 4; ++i) bufs.push_back(be.allocate(big));
+    size_t n = ctx.allocator().block_count();
+    bufs.clear();
+    be.synchronize();
+    return n;
+  };
+  size_t during = step();
+  EXPECT_EQ(ctx.allocator().block_count(), during) << "freed blocks were given back";
+  size_t reserved = ctx.allocator().reserved_bytes();
+  EXPECT_EQ(step(), during) << "the second step needed new blocks";
+  EXPECT_EQ(ctx.allocator().reserved_bytes(), reserved);
+}
+
 TEST(VulkanRuntime, OutOfMemoryNamesSizes) {
   REQUIRE_VULKAN();
   Backend& be = backend(gpu());

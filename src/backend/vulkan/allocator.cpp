@@ -58,6 +58,8 @@ Allocator::Allocator(Context& ctx) : ctx_(ctx) {
   if (const char* env = std::getenv("LMTUNE_VK_BLOCK_MIB"); env && std::atoll(env) > 0)
     block_size_ = VkDeviceSize(std::atoll(env)) << 20;
   max_allocation_ = ctx.properties().limits.maxStorageBufferRange;
+  // LMTUNE_VK_CACHE_FACTOR=0 gives empty blocks back beyond two spares (the old policy), for A/B timing.
+  if (const char* env = std::getenv("LMTUNE_VK_CACHE_FACTOR"); env && *env) cache_factor_ = std::max(0.0, std::atof(env));
 }
 
 Allocator::~Allocator() {
@@ -160,7 +162,10 @@ bool Allocator::try_allocate(size_t bytes, Allocation& out, std::string& why) {
       best = new_block(block_size_, false, why);
       // Near the end of the budget a full block may not fit while the request itself would.
       if (!best) best = new_block(need, true, why);
-      if (!best && release_empty_dedicated()) best = new_block(need, true, why);
+      if (!best && release_empty_blocks()) {
+        best = new_block(block_size_, false, why);
+        if (!best) best = new_block(need, true, why);
+      }
       if (!best) return false;
       best_off = 0;
       best_size = best->size;
@@ -173,7 +178,7 @@ bool Allocator::try_allocate(size_t bytes, Allocation& out, std::string& why) {
           (!best || b->size < best->size))
         best = b.get();
     if (!best) best = new_block(need, true, why);
-    if (!best && release_empty_dedicated()) best = new_block(need, true, why);
+    if (!best && release_empty_blocks()) best = new_block(need, true, why);
     if (!best) return false;
     if (need > max_allocation_)
       spdlog::warn("{}: a {} tensor exceeds maxStorageBufferRange ({}); kernels cannot address all of it",
@@ -190,6 +195,7 @@ bool Allocator::try_allocate(size_t bytes, Allocation& out, std::string& why) {
   out.size = need;
   in_use_ += bytes;
   peak_ = std::max(peak_, in_use_);
+  max_peak_ = std::max(max_peak_, in_use_);
   return true;
 }
 
@@ -239,12 +245,19 @@ void Allocator::collect(uint64_t completed_serial) {
 
 void Allocator::trim(uint64_t completed_serial) {
   // Keep kKeepEmpty empty regular blocks as spares and up to kKeepEmpty empty dedicated blocks (reused by requests
-  // of about their size; given back when an allocation would otherwise fail); give the rest back.
+  // of about their size), and beyond those the empty regular blocks that keep what is reserved within 1.25 times
+  // the most ever held: a training step frees and allocates the same activations again and again, and giving
+  // their blocks back made every step call the driver for new memory (H100, Qwen2.5-0.5B without checkpointing:
+  // 255 instead of 38 new 256 MiB blocks over 8 steps, 13766 instead of 18422 tokens/s). Everything empty is given
+  // back when an allocation would otherwise fail.
   constexpr int kKeepEmpty = 2;
+  const VkDeviceSize cached = VkDeviceSize(double(max_peak_) * cache_factor_);
   int spare = 0, kept = 0;
   for (size_t i = 0; i < blocks_.size();) {
     Block* b = blocks_[i].get();
-    if (b->used == 0 && b->busy_until <= completed_serial && (b->dedicated ? kept : spare) >= kKeepEmpty) {
+    bool beyond_cache = b->dedicated || reserved_ >= cached + b->size;  // still cached without it
+    if (b->used == 0 && b->busy_until <= completed_serial && (b->dedicated ? kept : spare) >= kKeepEmpty &&
+        beyond_cache) {
       destroy_block(b);
       blocks_.erase(blocks_.begin() + long(i));
       continue;
@@ -254,11 +267,11 @@ void Allocator::trim(uint64_t completed_serial) {
   }
 }
 
-bool Allocator::release_empty_dedicated() {
+bool Allocator::release_empty_blocks() {
   bool any = false;
   for (size_t i = 0; i < blocks_.size();) {
     Block* b = blocks_[i].get();
-    if (b->dedicated && b->used == 0 && b->busy_until <= ctx_.recorder().completed_serial()) {
+    if (b->used == 0 && b->busy_until <= ctx_.recorder().completed_serial()) {
       destroy_block(b);
       blocks_.erase(blocks_.begin() + long(i));
       any = true;

@@ -1,7 +1,8 @@
 // Device memory for tensors: large blocks (one VkDeviceMemory + one VkBuffer each) carved into 256-byte aligned
 // ranges with a best-fit free list that coalesces neighbours; requests larger than a block get a dedicated block.
 // A freed range goes back to the free list only after the submission that last used it has finished (the
-// recorder's serials), so kernels still in flight never see their memory reused. Budget-aware: an allocation that
+// recorder's serials), so kernels still in flight never see their memory reused. Empty blocks stay reserved up
+// to 1.25x the most ever held (a caching allocator: steps reuse them) until an allocation needs the room. Budget-aware: an allocation that
 // does not fit raises OutOfMemoryError naming the request, what tensors hold and what the device has left.
 #pragma once
 #include <cstdint>
@@ -81,8 +82,8 @@ class Allocator {
 
  private:
   Block* new_block(VkDeviceSize size, bool dedicated, std::string& why);
-  // Gives back the empty dedicated blocks kept for reuse; true if there were any.
-  bool release_empty_dedicated();
+  // Gives back every empty block (kept for reuse) whose work has finished; true if there were any.
+  bool release_empty_blocks();
   void trim(uint64_t completed_serial);  // gives back idle empty blocks beyond a few spares
   void destroy_block(Block* b);
   void free_range(Block* b, VkDeviceSize offset, VkDeviceSize size);
@@ -97,6 +98,8 @@ class Allocator {
   };
   std::vector<Pending> pending_;
   size_t in_use_ = 0, peak_ = 0, reserved_ = 0;
+  size_t max_peak_ = 0;        // the most ever held (peak_ is reset per step): how much trim() keeps reserved
+  double cache_factor_ = 1.25;  // ... times this
 };
 
 // "1.5 GiB"
