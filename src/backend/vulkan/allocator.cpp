@@ -159,13 +159,13 @@ bool Allocator::try_allocate(size_t bytes, Allocation& out, std::string& why) {
         }
     }
     if (!best) {
-      best = new_block(block_size_, false, why);
       // Near the end of the budget a full block may not fit while the request itself would.
-      if (!best) best = new_block(need, true, why);
-      if (!best && release_empty_blocks()) {
-        best = new_block(block_size_, false, why);
-        if (!best) best = new_block(need, true, why);
-      }
+      auto fresh = [&] {
+        Block* b = new_block(block_size_, false, why);
+        return b ? b : new_block(need, true, why);
+      };
+      best = fresh();
+      if (!best && release_empty_blocks()) best = fresh();
       if (!best) return false;
       best_off = 0;
       best_size = best->size;
