@@ -41,7 +41,14 @@
 #ifndef SH16
 #define SH16 0
 #endif
+#ifndef BK
 #define BK 32
+#endif
+// SWZ > 0: workgroups walk the output in groups of SWZ tile rows (column by column within a group), so the
+// workgroups running at once share A's and B's tiles in L2.
+#ifndef SWZ
+#define SWZ 0
+#endif
 #define NWN (BN / WN)
 #define NSG ((BM / WM) * NWN)
 #define NT (NSG * 32)
@@ -69,8 +76,13 @@ layout(constant_id = 2) const uint CDT = 0;
 #endif
 #define A16 (TA != 0 && SH16 != 0)
 #define B16 (TB != 0 && SH16 != 0)
-#define A_LD (BM * BK / 8 / NT)
-#define B_LD (BK * BN / 8 / NT)
+// 8-element chunks of a K tile per operand, and per thread (skinny tiles have fewer chunks than threads).
+#define A_CH (BM * BK / 8)
+#define B_CH (BK * BN / 8)
+#define A_LD ((A_CH + NT - 1) / NT)
+#define B_LD ((B_CH + NT - 1) / NT)
+#define A_HAS(i) (A_CH % NT == 0 || tid + (i) * NT < A_CH)
+#define B_HAS(i) (B_CH % NT == 0 || tid + (i) * NT < B_CH)
 
 layout(local_size_x = NT) in;
 layout(set = 0, binding = 0) readonly buffer ABuf4 { uvec4 a128[]; };
@@ -104,6 +116,10 @@ shared uvec4 Bs[NSTAGE * BSZH / 8];
 #endif
 #if !CS_FITS
 shared float Cs[NSG * 256];
+#endif
+// Vulkan's guaranteed 48 KiB (NVIDIA builds a pipeline over it but the dispatch loses the device).
+#if NSTAGE * (ASZH + BSZH) * 2 + (1 - CS_FITS) * NSG * 1024 > 49152
+#error "matmul_coopmat_fast: shared memory over 48 KiB"
 #endif
 
 uvec4 ra[A_LD];
@@ -149,14 +165,17 @@ void b_chunk(uint c, out uint k, out uint n) {
 #endif
 }
 
-void global_load(uint k0) {
+void global_load(uint k0, uint tid) {
   uint ak = k0 * pc.a_cs, bk = k0 * pc.b_rs;
-  [[unroll]] for (uint i = 0; i < A_LD; ++i) ra[i] = vec8_a(ADT, a_e[i] + ak);
-  [[unroll]] for (uint i = 0; i < B_LD; ++i) rb[i] = vec8_b(BDT, b_e[i] + bk);
+  [[unroll]] for (uint i = 0; i < A_LD; ++i)
+    if (A_HAS(i)) ra[i] = vec8_a(ADT, a_e[i] + ak);
+  [[unroll]] for (uint i = 0; i < B_LD; ++i)
+    if (B_HAS(i)) rb[i] = vec8_b(BDT, b_e[i] + bk);
 }
 
 void shared_store(uint buf, uint tid) {
   [[unroll]] for (uint i = 0; i < A_LD; ++i) {
+    if (!A_HAS(i)) continue;
     uint m, k;
     a_chunk(tid + i * NT, m, k);
 #if TA
@@ -175,6 +194,7 @@ void shared_store(uint buf, uint tid) {
 #endif
   }
   [[unroll]] for (uint i = 0; i < B_LD; ++i) {
+    if (!B_HAS(i)) continue;
     uint k, n;
     b_chunk(tid + i * NT, k, n);
 #if TB
@@ -198,7 +218,14 @@ void main() {
   uint tid = gl_LocalInvocationID.x;
   uint sg = gl_SubgroupID, lane = gl_SubgroupInvocationID;
   uint wm = sg / NWN, wn = sg % NWN;
+#if SWZ > 0
+  uint gx = gl_NumWorkGroups.x, gy = gl_NumWorkGroups.y;
+  uint lin = gl_WorkGroupID.y * gx + gl_WorkGroupID.x;
+  uint first = (lin / (SWZ * gx)) * SWZ, rows = min(gy - first, uint(SWZ)), in_group = lin % (SWZ * gx);
+  uint m0 = (first + in_group % rows) * BM, n0 = (in_group / rows) * BN;
+#else
   uint m0 = gl_WorkGroupID.y * BM, n0 = gl_WorkGroupID.x * BN;
+#endif
   uint a_base, b_base, c_base, split;
   batch_offsets(gl_WorkGroupID.z, a_base, b_base, c_base, split);
   uint kbeg = split * pc.k_split;
@@ -220,12 +247,12 @@ void main() {
     [[unroll]] for (uint j = 0; j < FN; ++j) acc[i][j] = fcoopmatNV<32, gl_ScopeSubgroup, 16, 16>(0.0);
 
   uint ntiles = (kend - kbeg) / BK;
-  global_load(kbeg);
+  global_load(kbeg, tid);
   shared_store(0u, tid);
   barrier();
   for (uint t = 0; t < ntiles; ++t) {
     uint cur = NSTAGE == 2 ? (t & 1u) : 0u;
-    if (t + 1u < ntiles) global_load(kbeg + (t + 1u) * BK);
+    if (t + 1u < ntiles) global_load(kbeg + (t + 1u) * BK, tid);
     [[unroll]] for (uint ks = 0; ks < BK / 16; ++ks) {
       fcoopmatNV<16, gl_ScopeSubgroup, 16, 16> a[FM];
       fcoopmatNV<16, gl_ScopeSubgroup, 16, 16> b[FN];

@@ -207,6 +207,39 @@ TEST_F(VulkanMatmul, CoopmatKernel) {
   }
 }
 
+// LoRA's products: the rank-16 side takes the skinny 128x16 / 16x128 fast tiles (with split-K over a long K), a
+// K of 16 takes the fast kernel's 16-step builds (l16 / m16). The automatic choice must pick them.
+TEST_F(VulkanMatmul, CoopmatSkinnyAndShortK) {
+  if (!vk::coopmat_available(dev_.index)) GTEST_SKIP() << "device has no cooperative matrices";
+  vk::matmul_options().kernel = vk::MatmulKernel::coopmat;
+  struct Want {
+    Case c;
+    const char* kernel;
+  };
+  for (DType t : {DType::bf16, DType::f16, DType::f32})
+    for (bool ta : {false, true})
+      for (bool tb : {false, true}) {
+        const Want wants[] = {
+            {{1024, 16, 480, t, {{}, ta, 0}, {{}, tb, 0}}, "128x16"},     // x A^T, dY B
+            {{1024, 32, 2048, t, {{}, ta, 0}, {{}, tb, 0}}, "128x16"},    // rank 32, split-K
+            {{16, 384, 2048, t, {{}, ta, 0}, {{}, tb, 0}}, "16x128"},     // dA = dH^T x
+            {{4096, 512, 16, t, {{}, ta, 0}, {{}, tb, 0}}, "128x128"},    // H B^T (K = rank)
+            {{4096, 384, 48, t, {{}, ta, 0}, {{}, tb, 0}}, "128x128"},
+            {{256, 16, 64, t, {{2}, ta, 0}, {{}, tb, 0}}, "128x16"},      // batched, B broadcast
+        };
+        for (const Want& w : wants) {
+          run(w.c, "coopmat skinny / short K");
+          std::string k = vk::last_matmul_kernel();
+          EXPECT_NE(k.find(w.kernel), std::string::npos) << describe(w.c) << ": " << k;
+          EXPECT_NE(k.find(" fast"), std::string::npos) << describe(w.c) << ": " << k;
+        }
+      }
+  for (char tile : {'n', 'q'}) {  // forced where they cannot run: the choice falls back to the other tiles
+    vk::matmul_options().tile = tile;
+    for (const Case& c : cases()) run(c, std::string("coopmat tile ") + tile);
+  }
+}
+
 // Which operand layouts take the coopmat kernels' 16-byte staging. A regression here costs no accuracy (the
 // element-wise staging gives the same result), only speed: B's conditions were once swapped, so every B went
 // element-wise and the fast kernel never ran.

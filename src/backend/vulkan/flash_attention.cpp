@@ -254,8 +254,13 @@ void FlashAttentionBackward::eval_vulkan(const std::vector<Tensor>& ins, std::ve
   if (delta.numel() > 0) {
     DeltaPush dp{u32(delta.numel(), "rows"), f.T, f.H, f.D, elem_offset(o), f.x_off, f.x_sb, f.x_st,
                  elem_offset(d_lse), elem_offset(delta), uint32_t(o.dtype()) | uint32_t(d_o.dtype()) << 4};
+    const bool vec4 = dp.D % 4 == 0 && dp.o_off % 4 == 0 && dp.x_off % 4 == 0 && dp.x_sb % 4 == 0 && dp.x_st % 4 == 0;
+    if (vec4) dp.dtypes |= 256u;
+    // Eight lanes per row (the kernel's shuffles need subgroups of at least 8).
+    if (ctx.features().subgroup_size < 8)
+      throw DeviceError("flash attention backward needs a subgroup size of at least 8 on " + ctx.name());
     ctx.dispatch(variant(ctx, "flash_attention_bwd_delta"), {in(o), in(d_o), in(d_lse), out(delta)}, dp,
-                 groups_1d(dp.n, 256), {256});
+                 groups_1d(uint64_t(dp.n) * 8, 256), {256});
   }
   f.lse_off = elem_offset(lse);
   f.delta_off = elem_offset(delta);

@@ -62,7 +62,8 @@ MatmulOptions options_from_env() {
   if (!no.empty() && no != "0") o.kernel = MatmulKernel::scalar;
   o.f32_exact = env("LMTUNE_MATMUL_F32") != "fp16";
   if (std::string s = env("LMTUNE_MATMUL_SPLITK"); !s.empty()) o.splitk = std::max(0, std::atoi(s.c_str()));
-  if (std::string t = env("LMTUNE_MATMUL_TILE"); t == "l" || t == "m" || t == "s") o.tile = t[0];
+  if (std::string t = env("LMTUNE_MATMUL_TILE"); t == "l" || t == "m" || t == "s" || t == "n" || t == "q")
+    o.tile = t[0];
   return o;
 }
 
@@ -150,8 +151,18 @@ Plan coopmat_plan(char tile) {
   p.bk = 32;
   if (tile == 'l') { p.bm = 128; p.bn = 256; }
   else if (tile == 'm') { p.bm = 128; p.bn = 128; }
+  else if (tile == 'n') { p.bm = 128; p.bn = 16; }  // skinny, fast kernel only
+  else if (tile == 'q') { p.bm = 16; p.bn = 128; }  // skinny, fast kernel only
   else { p.bm = 64; p.bn = 64; }
   return p;
+}
+
+// Whether the fast coopmat kernel (matmul_coopmat_fast.comp) has a K step for this K and tile: 32 always, 16
+// (the l16 / m16 builds) for the l and m tiles.
+uint32_t fast_k_step(char tile, uint64_t K) {
+  if (K % 32 == 0) return 32;
+  if (K % 16 == 0 && (tile == 'l' || tile == 'm')) return 16;
+  return 0;
 }
 
 uint64_t div_up(uint64_t a, uint64_t b) { return (a + b - 1) / b; }
@@ -164,29 +175,36 @@ const double kGeneralKernelEfficiency = [] {
   return e ? std::max(0.05, std::atof(e)) : 0.7;
 }();
 
+// `skinny`: the problem may take the n / q tiles (128x16, 16x128), which exist only in the fast kernel: it is
+// coopmat with vector access to every operand, and M (n) or N (q) is at most 64.
 void choose_tile_and_split(Plan& p, bool coopmat, const MatmulOptions& opt, uint64_t M, uint64_t N, uint64_t K,
-                           uint64_t batch, bool cpu_device, bool allow_split) {
-  const char tiles[] = {'l', 'm', 's'};
-  const double eff_cm[] = {1.0, 0.9, 0.6}, eff_gpu[] = {1.0, 0.85, 0.6}, eff_cpu[] = {1.0, 0.3, 0.15};
+                           uint64_t batch, bool cpu_device, bool allow_split, bool skinny) {
+  const char tiles[] = {'l', 'm', 's', 'n', 'q'};
+  const int ntiles = coopmat && skinny ? 5 : 3;
+  const double eff_cm[] = {1.0, 0.9, 0.6, 0.5, 0.5}, eff_gpu[] = {1.0, 0.85, 0.6}, eff_cpu[] = {1.0, 0.3, 0.15};
   const double* eff_sc = cpu_device ? eff_cpu : eff_gpu;
   const uint64_t slots = cpu_device ? 2 : 132;
   // The cheapest split of tile t when `resident` of its workgroups share a multiprocessor at full speed.
   auto best_split = [&](int t, uint64_t resident, uint32_t& split) {
     Plan q = coopmat ? coopmat_plan(tiles[t]) : scalar_plan(tiles[t]);
+    const bool interior = M % q.bm == 0 && N % q.bn == 0;
+    if (t >= 3 && !(interior && K % 32 == 0 && (t == 3 ? N <= 64 : M <= 64))) return -1.0;
     uint64_t groups = div_up(M, q.bm) * div_up(N, q.bn) * batch;
-    uint64_t max_split = std::max<uint64_t>(1, std::min<uint64_t>(16, K / 256));  // >= 256 of K per split
-    if (opt.splitk) max_split = std::min<uint64_t>(16, uint64_t(opt.splitk));
+    // >= 256 of K per split; skinny tiles (few workgroups, long K) may take 32 splits.
+    const uint64_t cap = t >= 3 ? 32 : 16;
+    uint64_t max_split = std::max<uint64_t>(1, std::min<uint64_t>(cap, K / 256));
+    if (opt.splitk) max_split = std::min<uint64_t>(cap, uint64_t(opt.splitk));
     if (!allow_split) max_split = 1;
     double best = -1;
     for (uint64_t s = 1; s <= max_split; ++s) {
       if (opt.splitk && allow_split && uint64_t(opt.splitk) != s) continue;
-      if (groups * s > kMaxGroupsZ * 64) continue;
+      if (groups * s > kMaxGroupsZ * 64 || batch * s > kMaxGroupsZ) continue;
       uint64_t kper = div_up(div_up(K, s), q.bk) * q.bk;
       double waves = double(div_up(groups * s, slots * resident));
       double cost = waves * double(q.bm) * double(q.bn) * double(kper) / (coopmat ? eff_cm[t] : eff_sc[t]);
       // Tiles that all lie inside the problem can take the coopmat fast kernel (matmul_coopmat_fast.comp); the
       // general one ran at 0.5-0.95 of its speed on the H100's training shapes (bench/RESULTS.md).
-      if (coopmat && !(M % q.bm == 0 && N % q.bn == 0 && K % q.bk == 0)) cost /= kGeneralKernelEfficiency;
+      if (coopmat && !(interior && fast_k_step(tiles[t], K))) cost /= kGeneralKernelEfficiency;
       if (s > 1) cost += double(M * N * batch) * double(s + 2) * 2.0;  // partials written, read, output
       if (best < 0 || cost < best * 0.97) {  // prefer no split on near-ties
         best = cost;
@@ -198,7 +216,7 @@ void choose_tile_and_split(Plan& p, bool coopmat, const MatmulOptions& opt, uint
   // The tile, as if one workgroup filled a multiprocessor (bigger tiles win near-ties)...
   double best = -1;
   int chosen = 0;
-  for (int t = 0; t < 3; ++t) {
+  for (int t = 0; t < ntiles; ++t) {
     if (opt.tile && opt.tile != tiles[t]) continue;
     uint32_t split = 1;
     double cost = best_split(t, 1, split);
@@ -211,7 +229,7 @@ void choose_tile_and_split(Plan& p, bool coopmat, const MatmulOptions& opt, uint
   // ...then its split-K knowing that a multiprocessor holds several small coopmat tiles at once: a skinny product
   // (LoRA's rank-16 sides: 8192 x 16 x 4864) splits K to fill the GPU instead of walking all of K in one thin
   // wave (H100: 0.30 -> 0.16 ms).
-  const uint64_t resident[] = {1, 2, 4};
+  const uint64_t resident[] = {1, 2, 4, 4, 4};
   best_split(chosen, coopmat && !cpu_device ? resident[chosen] : 1, p.nsplit);
 }
 
@@ -302,9 +320,15 @@ void Matmul::eval_vulkan(const std::vector<Tensor>& in, std::vector<Tensor>& out
   for (const auto& d : outer) n_outer *= uint64_t(d.size);
   bool allow_split = n_outer == 1 && nbatch * 16 <= kMaxGroupsZ;
 
+  // The skinny tiles exist only in the fast kernel: every dispatch must have vector access to A, B and C.
+  const bool skinny = use_cm && fast_kernel_enabled() && n_outer == 1 &&
+                      uint64_t(d0.size) * uint64_t(d1.size) * 32 <= kMaxGroupsZ &&
+                      vector_staging(a.dtype(), ta, a_rs, a_cs, a.offset(), d0.sa, d1.sa) &&
+                      vector_staging(b.dtype(), tb, b_rs, b_cs, b.offset(), d0.sb, d1.sb) && c.offset() % 8 == 0 &&
+                      N % 8 == 0;
   Plan plan;
   choose_tile_and_split(plan, use_cm, opt, M, N, K, nbatch,
-                        ctx.properties().deviceType == VK_PHYSICAL_DEVICE_TYPE_CPU, allow_split);
+                        ctx.properties().deviceType == VK_PHYSICAL_DEVICE_TYPE_CPU, allow_split, skinny);
   uint32_t nsplit = plan.nsplit;
   uint64_t k_split = div_up(div_up(K, nsplit), plan.bk) * plan.bk;
   nsplit = uint32_t(div_up(K, k_split));  // no empty splits
@@ -368,13 +392,17 @@ void Matmul::eval_vulkan(const std::vector<Tensor>& in, std::vector<Tensor>& out
         // Every tile interior and vector access to A, B and C: the fast kernel (matmul_coopmat_fast.comp), or
         // with LMTUNE_MATMUL_FAST=0 the general one specialized with FAST = 1. Dtypes are specialization
         // constants of both.
-        bool fast = M % plan.bm == 0 && N % plan.bn == 0 && K % plan.bk == 0 && (q.flags & kFlagAVec) &&
+        const uint32_t kstep = fast_k_step(plan.tile, K);
+        bool fast = M % plan.bm == 0 && N % plan.bn == 0 && kstep && (q.flags & kFlagAVec) &&
                     (q.flags & kFlagBVec) && (q.flags & kFlagCVec);
         std::vector<uint32_t> spec{dtype_code(a.dtype()), dtype_code(b.dtype()), dtype_code(dst.dtype())};
         if (fast && fast_kernel_enabled()) {
-          ctx.dispatch("matmul_cmf" + kernel.substr(9), bindings, q, groups, spec);
+          ctx.dispatch(std::string("matmul_cmf_") + plan.tile + (kstep == 16 ? "16" : "") + kernel.substr(11),
+                       bindings, q, groups, spec);
           used_fast = true;
         } else {
+          if (plan.tile == 'n' || plan.tile == 'q')
+            throw DeviceError("matmul: internal error, skinny tile without the fast kernel's conditions");
           spec.push_back(fast ? 1u : 0u);
           ctx.dispatch(kernel, bindings, q, groups, spec);
         }
