@@ -208,7 +208,8 @@ TEST_F(VulkanMatmul, CoopmatKernel) {
 }
 
 // LoRA's products: the rank-16 side takes the skinny 128x16 / 16x128 fast tiles (with split-K over a long K), a
-// K of 16 takes the fast kernel's 16-step builds (l16 / m16). The automatic choice must pick them.
+// K of 16 takes the fast kernel's 16-step builds (l16 / m16). The automatic choice must pick them. The 256x128
+// tile (fast kernel only) on every layout.
 TEST_F(VulkanMatmul, CoopmatSkinnyAndShortK) {
   if (!vk::coopmat_available(dev_.index)) GTEST_SKIP() << "device has no cooperative matrices";
   vk::matmul_options().kernel = vk::MatmulKernel::coopmat;
@@ -234,7 +235,15 @@ TEST_F(VulkanMatmul, CoopmatSkinnyAndShortK) {
           EXPECT_NE(k.find(" fast"), std::string::npos) << describe(w.c) << ": " << k;
         }
       }
-  for (char tile : {'n', 'q'}) {  // forced where they cannot run: the choice falls back to the other tiles
+  vk::matmul_options().tile = 'w';  // 256x128, fast kernel only
+  for (DType t : {DType::bf16, DType::f32})
+    for (bool ta : {false, true})
+      for (bool tb : {false, true}) {
+        Case c{512, 384, 96, t, {{}, ta, 0}, {{}, tb, 0}};
+        run(c, "coopmat tile w");
+        EXPECT_NE(vk::last_matmul_kernel().find("256x128"), std::string::npos) << describe(c) << ": " << vk::last_matmul_kernel();
+      }
+  for (char tile : {'w', 'n', 'q'}) {  // forced where they cannot run: the choice falls back to the other tiles
     vk::matmul_options().tile = tile;
     for (const Case& c : cases()) run(c, std::string("coopmat tile ") + tile);
   }

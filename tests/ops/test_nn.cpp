@@ -1,4 +1,5 @@
 // RMSNorm, LayerNorm, rotary embedding (both layouts, partial rotation), embedding and its scatter-add.
+#include "core/autodiff.h"
 #include "ops/op_test_util.h"
 
 namespace lmtune::test {
@@ -19,6 +20,33 @@ TEST_P(OpTest, RmsNormAndLayerNorm) {
         EXPECT_TRUE(close(ops::layer_norm(x, w, b, 1e-5f), ref::layer_norm(rx, rw, &rb, 1e-5), dt));
         EXPECT_TRUE(close(ops::layer_norm(x, w, Tensor(), 1e-6f), ref::layer_norm(rx, rw, nullptr, 1e-6), dt));
       }
+}
+
+// RMSNorm's input gradient (the fused RmsNormGrad pass that backward runs) against a double-precision reference:
+// vector and element-wise row lengths, every float dtype, strided inputs.
+TEST_P(OpTest, RmsNormInputGradient) {
+  for (DType dt : float_dtypes())
+    for (const Shape& s : {Shape{7, 33}, Shape{2, 3, 64}, Shape{5, 260}}) {
+      LMTUNE_CASE(dtype_name(dt) << " " << to_string(s));
+      Tensor x = make_input(s, dt, dev(), 81, Layout::strided, 0.1f, 3.0f);
+      Tensor w = make_input({s.back()}, dt, dev(), 82, Layout::contiguous, 0.5f, 1.5f);
+      Tensor u = make_input(s, DType::f32, dev(), 83);  // loss = sum(y * u): the cotangent of y is u
+      Tensor gx = value_and_grad([&](const std::vector<Tensor>& in) {
+                    return std::vector<Tensor>{ops::sum_all(ops::mul(ops::cast(ops::rms_norm(in[0], w, 1e-5f), DType::f32), u))};
+                  })({x}).second[0];
+      ref::Array rx = ref::of(x), rw = ref::of(w), ru = ref::of(u), want(s);
+      const int64_t C = s.back(), rows = rx.size() / C;
+      for (int64_t r = 0; r < rows; ++r) {
+        double ss = 0, dot = 0;
+        for (int64_t c = 0; c < C; ++c) ss += rx[r * C + c] * rx[r * C + c];
+        const double rstd = 1.0 / std::sqrt(ss / double(C) + 1e-5);
+        for (int64_t c = 0; c < C; ++c) dot += ru[r * C + c] * rw[c] * rx[r * C + c] * rstd;
+        for (int64_t c = 0; c < C; ++c)
+          want[r * C + c] = rstd * (ru[r * C + c] * rw[c] - rx[r * C + c] * rstd * dot / double(C));
+      }
+      EXPECT_EQ(gx.dtype(), dt);
+      EXPECT_TRUE(close(gx, want, dt));
+    }
 }
 
 TEST_P(OpTest, LayerNormLargeMean) {

@@ -44,6 +44,30 @@ void RmsNorm::eval_cpu(const std::vector<Tensor>& in, std::vector<Tensor>& out) 
   });
 }
 
+void RmsNormGrad::eval_cpu(const std::vector<Tensor>& in, std::vector<Tensor>& out) {
+  const Tensor& x = in[0];  // x, rstd and g contiguous (RmsNorm::vjp makes them so)
+  const Tensor& g = in[3];
+  const int64_t C = row_len(x), rows = C ? x.numel() / C : 0;
+  std::vector<float> w = load_vector(in[1]);
+  const float* rp = cpu::data<float>(in[2]);
+  const char* xp = cpu::base_ptr(x);
+  const char* gp = cpu::base_ptr(g);
+  char* dp = cpu::base_ptr(out[0]);
+  const size_t xe = dtype_size(x.dtype()), ge = dtype_size(g.dtype()), de = dtype_size(out[0].dtype());
+  cpu::parallel_for(rows, std::max<int64_t>(1, 4096 / std::max<int64_t>(C, 1)), [&](int64_t r0, int64_t r1) {
+    std::vector<float> xv(static_cast<size_t>(C)), gv(static_cast<size_t>(C));
+    for (int64_t r = r0; r < r1; ++r) {
+      cpu::load_row(xp + r * C * int64_t(xe), x.dtype(), 1, C, xv.data());
+      cpu::load_row(gp + r * C * int64_t(ge), g.dtype(), 1, C, gv.data());
+      double s = 0;
+      for (int64_t i = 0; i < C; ++i) s += double(gv[i]) * w[i] * xv[i];
+      const float rstd = rp[r], coef = float(double(rstd) * rstd * rstd * s / double(C));
+      for (int64_t i = 0; i < C; ++i) xv[i] = rstd * gv[i] * w[i] - coef * xv[i];
+      cpu::store_row(dp + r * C * int64_t(de), out[0].dtype(), 1, C, xv.data());
+    }
+  });
+}
+
 void LayerNorm::eval_cpu(const std::vector<Tensor>& in, std::vector<Tensor>& out) {
   const Tensor& x = in[0];
   const int64_t C = row_len(x), rows = C ? x.numel() / C : 0;

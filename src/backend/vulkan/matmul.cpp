@@ -62,7 +62,7 @@ MatmulOptions options_from_env() {
   if (!no.empty() && no != "0") o.kernel = MatmulKernel::scalar;
   o.f32_exact = env("LMTUNE_MATMUL_F32") != "fp16";
   if (std::string s = env("LMTUNE_MATMUL_SPLITK"); !s.empty()) o.splitk = std::max(0, std::atoi(s.c_str()));
-  if (std::string t = env("LMTUNE_MATMUL_TILE"); t == "l" || t == "m" || t == "s" || t == "n" || t == "q")
+  if (std::string t = env("LMTUNE_MATMUL_TILE"); t.size() == 1 && std::string("lmswnq").find(t) != std::string::npos)
     o.tile = t[0];
   return o;
 }
@@ -151,6 +151,7 @@ Plan coopmat_plan(char tile) {
   p.bk = 32;
   if (tile == 'l') { p.bm = 128; p.bn = 256; }
   else if (tile == 'm') { p.bm = 128; p.bn = 128; }
+  else if (tile == 'w') { p.bm = 256; p.bn = 128; }  // fast kernel only
   else if (tile == 'n') { p.bm = 128; p.bn = 16; }  // skinny, fast kernel only
   else if (tile == 'q') { p.bm = 16; p.bn = 128; }  // skinny, fast kernel only
   else { p.bm = 64; p.bn = 64; }
@@ -175,23 +176,25 @@ const double kGeneralKernelEfficiency = [] {
   return e ? std::max(0.05, std::atof(e)) : 0.7;
 }();
 
-// `skinny`: the problem may take the n / q tiles (128x16, 16x128), which exist only in the fast kernel: it is
-// coopmat with vector access to every operand, and M (n) or N (q) is at most 64.
+// `fast_only`: the problem may take the tiles that exist only in the fast kernel (it is coopmat with vector
+// access to every operand): w (256x128) where it is interior, n / q (128x16, 16x128) where M (n) or N (q) is at
+// most 64.
 void choose_tile_and_split(Plan& p, bool coopmat, const MatmulOptions& opt, uint64_t M, uint64_t N, uint64_t K,
-                           uint64_t batch, bool cpu_device, bool allow_split, bool skinny) {
-  const char tiles[] = {'l', 'm', 's', 'n', 'q'};
-  const int ntiles = coopmat && skinny ? 5 : 3;
-  const double eff_cm[] = {1.0, 0.9, 0.6, 0.5, 0.5}, eff_gpu[] = {1.0, 0.85, 0.6}, eff_cpu[] = {1.0, 0.3, 0.15};
+                           uint64_t batch, bool cpu_device, bool allow_split, bool fast_only) {
+  const char tiles[] = {'l', 'm', 's', 'w', 'n', 'q'};
+  const int ntiles = coopmat && fast_only ? 6 : 3;
+  const double eff_cm[] = {1.0, 0.9, 0.6, 1.0, 0.5, 0.5}, eff_gpu[] = {1.0, 0.85, 0.6}, eff_cpu[] = {1.0, 0.3, 0.15};
   const double* eff_sc = cpu_device ? eff_cpu : eff_gpu;
   const uint64_t slots = cpu_device ? 2 : 132;
   // The cheapest split of tile t when `resident` of its workgroups share a multiprocessor at full speed.
   auto best_split = [&](int t, uint64_t resident, uint32_t& split) {
     Plan q = coopmat ? coopmat_plan(tiles[t]) : scalar_plan(tiles[t]);
     const bool interior = M % q.bm == 0 && N % q.bn == 0;
-    if (t >= 3 && !(interior && K % 32 == 0 && (t == 3 ? N <= 64 : M <= 64))) return -1.0;
+    if (t >= 3 && !(interior && K % 32 == 0)) return -1.0;
+    if ((tiles[t] == 'n' && N > 64) || (tiles[t] == 'q' && M > 64)) return -1.0;
     uint64_t groups = div_up(M, q.bm) * div_up(N, q.bn) * batch;
     // >= 256 of K per split; skinny tiles (few workgroups, long K) may take 32 splits.
-    const uint64_t cap = t >= 3 ? 32 : 16;
+    const uint64_t cap = t >= 4 ? 32 : 16;
     uint64_t max_split = std::max<uint64_t>(1, std::min<uint64_t>(cap, K / 256));
     if (opt.splitk) max_split = std::min<uint64_t>(cap, uint64_t(opt.splitk));
     if (!allow_split) max_split = 1;
@@ -229,7 +232,7 @@ void choose_tile_and_split(Plan& p, bool coopmat, const MatmulOptions& opt, uint
   // ...then its split-K knowing that a multiprocessor holds several small coopmat tiles at once: a skinny product
   // (LoRA's rank-16 sides: 8192 x 16 x 4864) splits K to fill the GPU instead of walking all of K in one thin
   // wave (H100: 0.30 -> 0.16 ms).
-  const uint64_t resident[] = {1, 2, 4, 4, 4};
+  const uint64_t resident[] = {1, 2, 4, 1, 4, 4};
   best_split(chosen, coopmat && !cpu_device ? resident[chosen] : 1, p.nsplit);
 }
 
@@ -320,15 +323,15 @@ void Matmul::eval_vulkan(const std::vector<Tensor>& in, std::vector<Tensor>& out
   for (const auto& d : outer) n_outer *= uint64_t(d.size);
   bool allow_split = n_outer == 1 && nbatch * 16 <= kMaxGroupsZ;
 
-  // The skinny tiles exist only in the fast kernel: every dispatch must have vector access to A, B and C.
-  const bool skinny = use_cm && fast_kernel_enabled() && n_outer == 1 &&
+  // Some tiles exist only in the fast kernel: every dispatch must have vector access to A, B and C.
+  const bool fast_only = use_cm && fast_kernel_enabled() && n_outer == 1 &&
                       uint64_t(d0.size) * uint64_t(d1.size) * 32 <= kMaxGroupsZ &&
                       vector_staging(a.dtype(), ta, a_rs, a_cs, a.offset(), d0.sa, d1.sa) &&
                       vector_staging(b.dtype(), tb, b_rs, b_cs, b.offset(), d0.sb, d1.sb) && c.offset() % 8 == 0 &&
                       N % 8 == 0;
   Plan plan;
   choose_tile_and_split(plan, use_cm, opt, M, N, K, nbatch,
-                        ctx.properties().deviceType == VK_PHYSICAL_DEVICE_TYPE_CPU, allow_split, skinny);
+                        ctx.properties().deviceType == VK_PHYSICAL_DEVICE_TYPE_CPU, allow_split, fast_only);
   uint32_t nsplit = plan.nsplit;
   uint64_t k_split = div_up(div_up(K, nsplit), plan.bk) * plan.bk;
   nsplit = uint32_t(div_up(K, k_split));  // no empty splits
@@ -401,8 +404,8 @@ void Matmul::eval_vulkan(const std::vector<Tensor>& in, std::vector<Tensor>& out
                        bindings, q, groups, spec);
           used_fast = true;
         } else {
-          if (plan.tile == 'n' || plan.tile == 'q')
-            throw DeviceError("matmul: internal error, skinny tile without the fast kernel's conditions");
+          if (plan.tile == 'w' || plan.tile == 'n' || plan.tile == 'q')
+            throw DeviceError("matmul: internal error, a fast-kernel-only tile without the fast kernel's conditions");
           spec.push_back(fast ? 1u : 0u);
           ctx.dispatch(kernel, bindings, q, groups, spec);
         }

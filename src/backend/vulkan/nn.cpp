@@ -1,5 +1,5 @@
 // Vulkan kernels for RMSNorm, LayerNorm, rotary embedding and embedding gather / scatter-add: kernels/norm.comp,
-// kernels/rope.comp, kernels/embedding.comp, kernels/embedding_backward.comp.
+// kernels/rms_norm_grad.comp, kernels/rope.comp, kernels/embedding.comp, kernels/embedding_backward.comp.
 #include "backend/vulkan/kernel_util.h"
 #include "backend/vulkan/nn_kernels.h"
 #include "core/error.h"
@@ -19,6 +19,9 @@ struct NormPush {
   float eps;
   uint32_t has_bias;
   uint32_t vec = 0;
+};
+struct RmsGradPush {
+  uint32_t c, rows, x_off, w_off, rstd_off, g_off, dx_off, dtypes, vec;
 };
 struct RopePush {
   uint32_t total, d, h, r, x_off, pos_off, freq_off, y_off, dtypes, interleaved, inverse;
@@ -40,6 +43,22 @@ void rms_norm_rows(const Tensor& x_in, const Tensor& w_in, const Tensor& y, cons
              0, elem_offset(rstd), uint32_t(x.dtype()) | uint32_t(w.dtype()) << 4 | uint32_t(y.dtype()) << 12, eps, 0};
   p.vec = vector_paths() && p.c % 4 == 0 && p.x_off % 4 == 0 && p.w_off % 4 == 0 && p.y_off % 4 == 0;
   ctx.dispatch(variant(ctx, "rms_norm"), {in(x), in(w), out(y), out(rstd)}, p,
+               {std::min<uint32_t>(p.rows, 65535), 1, 1}, {row_group_size(c)});
+}
+
+void rms_norm_grad_rows(const Tensor& x_in, const Tensor& w_in, const Tensor& rstd_in, const Tensor& g_in,
+                        const Tensor& dx) {
+  if (dx.numel() == 0) return;
+  require_dense(dx, "rms_norm_grad");
+  Tensor x = dense(x_in), w = dense(w_in), rstd = dense(rstd_in), g = dense(g_in);
+  Context& ctx = context_for(dx.device());
+  int64_t c = x.shape().back();
+  RmsGradPush p{u32(c, "row length"), u32(x.numel() / c, "rows"), elem_offset(x), elem_offset(w), elem_offset(rstd),
+                elem_offset(g), elem_offset(dx),
+                uint32_t(x.dtype()) | uint32_t(w.dtype()) << 4 | uint32_t(g.dtype()) << 8 | uint32_t(dx.dtype()) << 12, 0};
+  p.vec = vector_paths() && p.c % 4 == 0 && p.x_off % 4 == 0 && p.w_off % 4 == 0 && p.g_off % 4 == 0 &&
+          p.dx_off % 4 == 0;
+  ctx.dispatch(variant(ctx, "rms_norm_grad"), {in(x), in(w), in(rstd), in(g), out(dx)}, p,
                {std::min<uint32_t>(p.rows, 65535), 1, 1}, {row_group_size(c)});
 }
 
@@ -115,6 +134,10 @@ namespace lmtune {
 
 void RmsNorm::eval_vulkan(const std::vector<Tensor>& in, std::vector<Tensor>& out) {
   vk::rms_norm_rows(in[0], in[1], out[0], out[1], eps);
+}
+
+void RmsNormGrad::eval_vulkan(const std::vector<Tensor>& in, std::vector<Tensor>& out) {
+  vk::rms_norm_grad_rows(in[0], in[1], in[2], in[3], out[0]);
 }
 
 void LayerNorm::eval_vulkan(const std::vector<Tensor>& in, std::vector<Tensor>& out) {

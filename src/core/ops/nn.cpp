@@ -48,11 +48,17 @@ std::vector<Tensor> RmsNorm::vjp(const Node& node, const std::vector<Tensor>& co
   const Tensor& x = node.inputs[0];
   const Tensor& w = node.inputs[1];
   Tensor rstd = col(node.outputs[1]);
-  Tensor xhat = mul(f32(x), rstd);
   Tensor gx, gw;
+  // The usual case (only y's cotangent, backward not itself recorded): one fused pass, no f32 temporaries.
+  const bool fused = cot[0].defined() && !cot[1].defined() && !grad_enabled();
+  if (fused && wanted[0])
+    gx = apply(std::make_shared<RmsNormGrad>(), {x, w, node.outputs[1], contiguous(cot[0])},
+               {{x.shape(), x.dtype()}})[0];
+  if (fused && !wanted[1]) return {gx, gw};
+  Tensor xhat = mul(f32(x), rstd);
   if (cot[0].defined()) {
     Tensor g = f32(cot[0]);
-    if (wanted[0]) {  // rstd (ĝ - x̂ mean(ĝ x̂)), ĝ = g w
+    if (wanted[0] && !fused) {  // rstd (ĝ - x̂ mean(ĝ x̂)), ĝ = g w
       Tensor gh = mul(g, f32(w));
       gx = mul(rstd, sub(gh, mul(xhat, mean(mul(gh, xhat), {-1}, true))));
     }

@@ -21,6 +21,16 @@ class RmsNorm final : public Primitive {
   float eps;
 };
 
+// The input gradient of RmsNorm in one pass over the rows: inputs x, w, rstd (RmsNorm's second output) and the
+// cotangent g of y; output dx (x's dtype) = rstd (ĝ - x̂ mean(ĝ x̂)), ĝ = g w, x̂ = x rstd, in f32. Only run by
+// RmsNorm::vjp, under NoGrad (backward is never differentiated), so it has no vjp or jvp of its own.
+class RmsNormGrad final : public Primitive {
+ public:
+  const char* name() const override { return "rms_norm_grad"; }
+  void eval_cpu(const std::vector<Tensor>& in, std::vector<Tensor>& out) override;
+  void eval_vulkan(const std::vector<Tensor>& in, std::vector<Tensor>& out) override;
+};
+
 // y = (x - mean) * rstd * w + b over the last axis. Outputs: y, mean f32 [...], rstd f32 [...].
 class LayerNorm final : public Primitive {
  public:

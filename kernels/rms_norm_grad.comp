@@ -1,0 +1,49 @@
+#version 450
+// Input gradient of RMSNorm (RmsNormGrad in core/ops/nn.h), one workgroup per dense row of length c, in f32:
+//   s = sum(g w x);  dx = rstd g w - x rstd^3 s / c      (= rstd (ĝ - x̂ mean(ĝ x̂)), ĝ = g w, x̂ = x rstd)
+// Reads x and g twice (the second time from cache), writes dx in its own dtype. vec: c and every offset are
+// multiples of 4 (4-element loads).
+#include "common.glsl"
+layout(local_size_x_id = 0) in;
+#include "rows.glsl"
+
+TENSOR(0, X)
+TENSOR4(0, X)
+TENSOR(1, W)
+TENSOR4(1, W)
+TENSOR(2, RSTD)  // f32 [rows]
+TENSOR(3, G)
+TENSOR4(3, G)
+TENSOR(4, DX)
+TENSOR4(4, DX)
+
+layout(push_constant) uniform Push {
+  uint c, rows;
+  uint x_off, w_off, rstd_off, g_off, dx_off;
+  uint dtypes;  // x | w << 4 | g << 8 | dx << 12
+  uint vec;
+} p;
+
+void main() {
+  const uint tid = gl_LocalInvocationID.x, wg = gl_WorkGroupSize.x;
+  const uint dx_t = p.dtypes & 15u, dw = (p.dtypes >> 4) & 15u, dg = (p.dtypes >> 8) & 15u, dd = (p.dtypes >> 12) & 15u;
+  for (uint row = gl_WorkGroupID.x; row < p.rows; row += gl_NumWorkGroups.x) {
+    const uint xo = p.x_off + row * p.c, go = p.g_off + row * p.c, oo = p.dx_off + row * p.c;
+    const float rstd = LD_F32(RSTD, p.rstd_off + row);
+    float s = 0.0;
+    if (p.vec != 0u) {
+      for (uint k = 4u * tid; k < p.c; k += 4u * wg)
+        s += dot(G_ld4(dg, go + k) * W_ld4(dw, p.w_off + k), X_ld4(dx_t, xo + k));
+    } else {
+      for (uint k = tid; k < p.c; k += wg) s += G_ld(dg, go + k) * W_ld(dw, p.w_off + k) * X_ld(dx_t, xo + k);
+    }
+    const float coef = rstd * rstd * rstd * wg_sum(s) / float(p.c);
+    if (p.vec != 0u) {
+      for (uint k = 4u * tid; k < p.c; k += 4u * wg)
+        DX_st4(dd, oo + k, rstd * G_ld4(dg, go + k) * W_ld4(dw, p.w_off + k) - coef * X_ld4(dx_t, xo + k));
+    } else {
+      for (uint k = tid; k < p.c; k += wg)
+        DX_st(dd, oo + k, rstd * G_ld(dg, go + k) * W_ld(dw, p.w_off + k) - coef * X_ld(dx_t, xo + k));
+    }
+  }
+}
