@@ -2,8 +2,10 @@
 // Fused attention forward on tensor cores (the same contract as flash_attention_fwd.comp, without key-range
 // splits): one workgroup per (block of 64 rows, kv head, batch), a subgroup per 16 rows. Each subgroup keeps its
 // Q rows as f16 fragments and, per block of BC keys staged in shared memory, computes S = Q K^T, the online
-// softmax on its lanes (P rounded to f16) and P V into fresh accumulators, which its lanes fold into the output
-// rows they hold in registers: O = alpha O + P V. Layout conventions in flash_attention_cm.glsl.
+// softmax on its lanes (P rounded to f16) and O += P V straight into its output accumulators. A row's running
+// maximum m moves only when a block's maximum passes it by more than TAU (P <= e^TAU then, well inside f16), so
+// the accumulators are rescaled (O = alpha O, through shared memory) only in the rare blocks where some row's m
+// moved. Layout conventions in flash_attention_cm.glsl.
 #include "flash_attention_cm.glsl"
 
 const uint BC = 64u;                          // keys per block
@@ -11,6 +13,7 @@ const uint BR = NSG * 16u;                    // rows per workgroup
 const uint SST = max(BC, DMAX) + 4u;          // f32 stride of a subgroup's scores, then its P V
 const uint PST = (BC + 8u) / 8u;              // uvec4 stride of P
 const uint HC = BC / 2u, HD = DMAX / 2u;      // columns per lane: scores, output dims
+const float TAU = 8.0;                        // lazy rescaling threshold (e^8 = 2981)
 
 shared uvec4 kv_s[2u * BC * DS];  // K rows, then V rows (Q at the start)
 shared float s_s[NSG * 16u * SST];
@@ -42,8 +45,8 @@ void main() {
   const int qpos = int(t) + p.q_offset, doc = doc_of(b, t);
   const ivec2 keys = key_range(r0 / G, (min(r0 + BR, rows) - 1u) / G);
   float m = NEG_INF, l = 0.0;
-  float o[HD];
-  [[unroll]] for (uint i = 0; i < HD; ++i) o[i] = 0.0;
+  F32M oacc[FD];
+  [[unroll]] for (uint f = 0; f < FD; ++f) oacc[f] = F32M(0.0);
   const uint sbase = sg * 16u * SST, pbase = sg * 16u * PST;
 
   for (int jb = keys.x; jb < keys.y; jb += int(BC)) {
@@ -94,8 +97,11 @@ void main() {
       }
     }
     [[unroll]] for (uint i = 0; i < HC; ++i) mx = max(mx, s[i]);
-    const float m_new = max(m, pair_max(mx));
-    const float alpha = m_new == NEG_INF ? 1.0 : (m == NEG_INF ? 0.0 : exp(m - m_new));
+    mx = pair_max(mx);
+    const float m_new = mx > m + TAU || (m == NEG_INF && mx != NEG_INF) ? mx : m;
+    // A row whose m was -inf has seen no key: its output is still 0 and needs no rescaling.
+    const bool moved = m_new != m && m != NEG_INF;
+    const float alpha = moved ? exp(m - m_new) : 1.0;
     float sum = 0.0;
     [[unroll]] for (uint i = 0; i < HC; i += 8u) {
       vec4 a, c;
@@ -108,29 +114,37 @@ void main() {
     }
     l = l * alpha + pair_sum(sum);
     m = m_new;
-    subgroup_sync();
-
-    // P V into the score rows, folded into o.
-    [[unroll]] for (uint f = 0; f < FD; ++f) {
-      F32M acc = F32M(0.0);
-      [[unroll]] for (uint kb = 0; kb < BC / 16u; ++kb) {
-        F16M pa, vb;
-        coopMatLoadNV(pa, p_s, pbase + kb * 2u, PST, false);
-        coopMatLoadNV(vb, kv_s, (BC + kb * 16u) * DS + f * 2u, DS, false);
-        acc = coopMatMulAddNV(pa, vb, acc);
-      }
-      coopMatStoreNV(acc, s_s, sbase + f * 16u, SST, false);
+    if (subgroupAny(moved)) {  // O = alpha O, row by row, through this subgroup's score area
+      subgroup_sync();
+      [[unroll]] for (uint f = 0; f < FD; ++f) coopMatStoreNV(oacc[f], s_s, sbase + f * 16u, SST, false);
+      subgroup_sync();
+      [[unroll]] for (uint i = 0; i < HD; ++i) s_s[sbase + lr * SST + half_ * HD + i] *= alpha;
+      subgroup_sync();
+      [[unroll]] for (uint f = 0; f < FD; ++f) coopMatLoadNV(oacc[f], s_s, sbase + f * 16u, SST, false);
     }
     subgroup_sync();
-    [[unroll]] for (uint i = 0; i < HD; ++i) o[i] = o[i] * alpha + s_s[sbase + lr * SST + half_ * HD + i];
+
+    // O += P V.
+    [[unroll]] for (uint kb = 0; kb < BC / 16u; ++kb) {
+      F16M pa;
+      coopMatLoadNV(pa, p_s, pbase + kb * 2u, PST, false);
+      [[unroll]] for (uint f = 0; f < FD; ++f) {
+        F16M vb;
+        coopMatLoadNV(vb, kv_s, (BC + kb * 16u) * DS + f * 2u, DS, false);
+        oacc[f] = coopMatMulAddNV(pa, vb, oacc[f]);
+      }
+    }
   }
 
+  subgroup_sync();
+  [[unroll]] for (uint f = 0; f < FD; ++f) coopMatStoreNV(oacc[f], s_s, sbase + f * 16u, SST, false);
+  subgroup_sync();
   if (row_ok) {
     float inv = l > 0.0 ? 1.0 / l : 0.0;  // a row that saw no key outputs 0
     uint at = bth(b, t, kv * G + row % G, p.H, p.T);
     [[unroll]] for (uint i = 0; i < HD; ++i) {
       uint d = half_ * HD + i;
-      if (d < p.D) Y_st(dt(4), p.y_off + at + d, o[i] * inv);
+      if (d < p.D) Y_st(dt(4), p.y_off + at + d, s_s[sbase + lr * SST + half_ * HD + i] * inv);
     }
     if (half_ == 0u)
       ST_F32(LSE, p.lse_off + bht(b, kv * G + row % G, t), l > 0.0 ? m + log(l) : NEG_INF);

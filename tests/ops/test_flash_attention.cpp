@@ -27,6 +27,8 @@ struct FlashCase {
   bool docs = false;        // three packed documents per row
   int64_t pad_keys = 0;     // batch row 1 has this many padding keys at the start (key_mask)
   bool strided_kv = false;  // k, v are [0, S) slices of a longer cache (batch and time strides)
+  float sharpen = 0;        // q x 4 and key j x (1 + sharpen j / S): row maxima that keep growing block after
+                            // block by more than the forward's lazy-rescale threshold
 };
 
 std::vector<int32_t> three_docs(int64_t B, int64_t T) {
@@ -74,6 +76,13 @@ void check_cases(const Device& dev, const std::vector<FlashCase>& cases, const s
       Tensor k = input({c.B, c.S + (c.strided_kv ? 6 : 0), c.KV, c.D}, 62, Layout::contiguous);
       Tensor v = input({c.B, c.S + (c.strided_kv ? 6 : 0), c.KV, c.D}, 63, Layout::contiguous);
       if (c.strided_kv) k = ops::slice(k, 1, 0, c.S), v = ops::slice(v, 1, 0, c.S);
+      if (c.sharpen > 0) {  // still bf16-representable: x4 is exact, the ramped keys are rounded to bf16
+        std::vector<float> ramp(static_cast<size_t>(c.S));
+        for (int64_t j = 0; j < c.S; ++j) ramp[size_t(j)] = 1.0f + c.sharpen * float(j) / float(c.S);
+        Tensor r = Tensor::from_floats(ramp, {1, c.S, 1, 1}, DType::f32, dev);
+        q = ops::scale(q, 4.0f);
+        k = ops::cast(ops::cast(ops::mul(k, r), DType::bf16), DType::f32);
+      }
       Tensor w = make_input({c.B, c.T, c.H, c.D}, DType::f32, dev, 64);
       ops::AttentionOptions opt;
       opt.causal = c.causal;
@@ -131,6 +140,7 @@ TEST_P(OpTest, FlashAttentionMatchesReference) {
       {"docs", 2, 37, 37, 2, 1, 64, true, 0, 0, 0, true},
       {"d80_window_softcap", 1, 19, 19, 4, 2, 80, true, 6, 4.0f},
       {"d256", 1, 9, 9, 2, 1, 256, true, 0, 30.0f},
+      {"sharp_growing_logits", 1, 70, 70, 2, 1, 64, true, 0, 0, 0, false, 0, false, 3.0f},
   });
   check_cases(dev(), cases, {DType::f32, DType::bf16});
 }
@@ -162,6 +172,7 @@ TEST_P(OpTest, FlashAttentionTensorCoreKernels) {
       {"docs", 2, 77, 77, 2, 1, 64, true, 0, 0, 0, true},
       {"d40_odd_dims", 1, 33, 33, 4, 2, 40, true, 6, 4.0f},
       {"d12_unaligned_rows", 1, 19, 23, 2, 1, 12, false},
+      {"sharp_growing_logits", 1, 200, 200, 4, 2, 64, true, 0, 0, 0, false, 0, false, 3.0f},
   });
   check_cases(dev(), cases, {DType::f32, DType::bf16, DType::f16}, 1e-4);
 }
