@@ -1,6 +1,7 @@
 // AdamW / SGD over named trainable tensors (see optimizer.h).
 #include "train/optimizer.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "core/autodiff.h"
@@ -27,15 +28,18 @@ Optimizer::Optimizer(std::vector<NamedParam> params, const Recipe::Optimizer& co
 
 double Optimizer::grad_norm(double grad_divisor) const {
   NoGrad no_grad;
-  Tensor total;
+  // One sum of squares per device over all its gradients (a few dispatches, not three per tensor).
+  std::vector<std::pair<Device, std::vector<Tensor>>> by_device;
   for (const NamedParam& p : params_) {
     Tensor g = p.tensor.grad();
     if (!g.defined()) continue;
-    Tensor s = ops::sum_all(ops::square(g.dtype() == DType::f32 ? g : ops::cast(g, DType::f32)));
-    total = total.defined() ? ops::add(total, s) : s;
+    auto it = std::find_if(by_device.begin(), by_device.end(), [&](const auto& d) { return d.first == g.device(); });
+    if (it == by_device.end()) it = by_device.insert(by_device.end(), {g.device(), {}});
+    it->second.push_back(g);
   }
-  if (!total.defined()) return 0;
-  return std::sqrt(double(total.item())) / grad_divisor;
+  double total = 0;
+  for (const auto& [device, grads] : by_device) total += double(ops::sum_of_squares(grads).item());
+  return std::sqrt(total) / grad_divisor;
 }
 
 void Optimizer::step(double lr, double grad_multiplier) {

@@ -1,4 +1,6 @@
 // Reductions: sum (several axes, keepdims), mean, max, logsumexp, argmax and top-k.
+#include "core/error.h"
+#include "core/ops/optimizer.h"
 #include "ops/op_test_util.h"
 
 namespace lmtune::test {
@@ -44,4 +46,28 @@ TEST_P(OpTest, ArgmaxAndTopk) {
 }
 
 }  // namespace
+// The gradient norm's sum of squares over many tensors: mixed dtypes, a tensor longer than one 8192-element chunk,
+// a view at an offset, a strided view (copied first), an empty tensor; on Vulkan also with one or two buffers per
+// dispatch (the grouping by buffer).
+TEST_P(OpTest, SumOfSquaresManyTensors) {
+  Tensor big = make_input({20001}, DType::f32, dev(), 91);
+  Tensor base = make_input({9, 33}, DType::f32, dev(), 92);
+  std::vector<Tensor> xs = {make_input({7, 5}, DType::f32, dev(), 93),  big,
+                            make_input({3, 65}, DType::bf16, dev(), 94), make_input({17}, DType::f16, dev(), 95),
+                            ops::slice(base, 0, 4, 9),                   ops::transpose(make_input({6, 11}, DType::f32, dev(), 96)),
+                            Tensor::zeros({0, 3}, DType::f32, dev())};
+  double want = 0;
+  for (const Tensor& x : xs)
+    for (double v : x.to_doubles()) want += v * v;
+  for (int max_buffers : {8, 2, 1}) {
+    LMTUNE_CASE("max_buffers " << max_buffers);
+    Tensor got = ops::sum_of_squares(xs, max_buffers);
+    EXPECT_EQ(got.dtype(), DType::f32);
+    EXPECT_EQ(got.shape(), Shape{});
+    EXPECT_NEAR(double(got.item()), want, 1e-5 * want);
+  }
+  EXPECT_THROW(ops::sum_of_squares({}), ShapeError);
+  EXPECT_THROW(ops::sum_of_squares({Tensor::from_ints({1, 2}, {2}, dev())}), ShapeError);
+}
+
 }  // namespace lmtune::test

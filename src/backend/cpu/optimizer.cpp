@@ -7,6 +7,19 @@
 
 namespace lmtune {
 
+void SumOfSquares::eval_cpu(const std::vector<Tensor>& in, std::vector<Tensor>& out) {
+  double total = 0;
+  std::vector<float> row;
+  for (const Tensor& x : in) {  // contiguous (ops::sum_of_squares makes them so)
+    row.resize(size_t(x.numel()));
+    cpu::load_row(cpu::base_ptr(x), x.dtype(), 1, x.numel(), row.data());
+    float s = 0;
+    for (float v : row) s += v * v;
+    total += s;
+  }
+  cpu::data<float>(out[0])[0] = float(total);
+}
+
 void AdamWUpdate::eval_cpu(const std::vector<Tensor>& in, std::vector<Tensor>&) {
   float* p = cpu::data<float>(in[0]);
   float* m = cpu::data<float>(in[1]);

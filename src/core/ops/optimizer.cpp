@@ -30,6 +30,20 @@ void run(Primitive& prim, const std::vector<Tensor>& in) {
 
 namespace ops {
 
+Tensor sum_of_squares(const std::vector<Tensor>& xs, int max_buffers) {
+  if (xs.empty()) throw ShapeError("sum_of_squares: no tensors");
+  if (max_buffers < 1 || max_buffers > 8) throw ShapeError("sum_of_squares: max_buffers must be in [1, 8]");
+  std::vector<Tensor> in;
+  for (const Tensor& x : xs) {
+    if (!is_float(x.dtype()))
+      throw ShapeError("sum_of_squares: " + std::string(dtype_name(x.dtype())) + " tensor " + to_string(x.shape()));
+    if (x.device() != xs[0].device())
+      throw ShapeError("sum_of_squares: tensors on " + x.device().str() + " and " + xs[0].device().str());
+    in.push_back(x.is_contiguous() ? x : contiguous(x));
+  }
+  return apply1(std::make_shared<SumOfSquares>(max_buffers), in, {Shape{}, DType::f32});
+}
+
 void adamw_update(const Tensor& param, const Tensor& m, const Tensor& v, const Tensor& grad, const Tensor& hyper) {
   check_same(param, param, "parameter", "adamw_update");
   check_same(param, m, "m", "adamw_update");

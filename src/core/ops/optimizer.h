@@ -37,7 +37,22 @@ class SgdUpdate final : public Primitive {
   void eval_vulkan(const std::vector<Tensor>& in, std::vector<Tensor>& out) override;
 };
 
+// Inputs: any number of float tensors on one device (dense: contiguous, any offset). Output: f32 scalar, the sum of
+// the squares of all their elements (f32 accumulation) — the gradient norm's square in a few dispatches instead of
+// three per tensor. On Vulkan one dispatch covers the tensors of up to `max_buffers` device buffers (8; fewer in
+// tests, to exercise the grouping), each tensor cut into chunks of 8192 elements, one workgroup per chunk.
+class SumOfSquares final : public Primitive {
+ public:
+  explicit SumOfSquares(int max_buffers = 8) : max_buffers(max_buffers) {}
+  const char* name() const override { return "sum_of_squares"; }
+  void eval_cpu(const std::vector<Tensor>& in, std::vector<Tensor>& out) override;
+  void eval_vulkan(const std::vector<Tensor>& in, std::vector<Tensor>& out) override;
+  int max_buffers;
+};
+
 namespace ops {
+// Σ over xs of Σ x² (f32 scalar on xs' device). Non-contiguous tensors are copied first.
+Tensor sum_of_squares(const std::vector<Tensor>& xs, int max_buffers = 8);
 void adamw_update(const Tensor& param, const Tensor& m, const Tensor& v, const Tensor& grad, const Tensor& hyper);
 void sgd_update(const Tensor& param, const Tensor& momentum, const Tensor& grad, const Tensor& hyper);
 }  // namespace ops
