@@ -126,6 +126,7 @@ struct GatedActivationPush {
   uint32_t offsets[5];
   uint32_t dtypes;
   uint32_t op;
+  uint32_t vec;  // every offset a multiple of 4: 4 elements per item
 };
 static_assert(sizeof(GatedActivationPush) <= 128);
 
@@ -146,8 +147,10 @@ void run_gated_activation(const std::string& kernel, UnaryOp act, const std::vec
     b.push_back(t < inputs.size() ? vk::in(tensors[t]) : vk::out(tensors[t]));
   }
   p.op = uint32_t(act);
+  p.vec = vk::vector_paths();
+  for (size_t t = 0; t < tensors.size(); ++t) p.vec = p.vec && p.offsets[t] % 4 == 0;
   vk::Context& ctx = vk::context_for(outputs[0].device());
-  ctx.dispatch(vk::variant(ctx, kernel), b, p, vk::groups_1d(p.n, 256), {256});
+  ctx.dispatch(vk::variant(ctx, kernel), b, p, vk::groups_1d(p.vec ? std::max<uint32_t>(p.n / 4, 1) : p.n, 256), {256});
 }
 
 }  // namespace
