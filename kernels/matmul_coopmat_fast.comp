@@ -44,11 +44,6 @@
 #ifndef BK
 #define BK 32
 #endif
-// SWZ > 0: workgroups walk the output in groups of SWZ tile rows (column by column within a group), so the
-// workgroups running at once share A's and B's tiles in L2.
-#ifndef SWZ
-#define SWZ 0
-#endif
 #define NWN (BN / WN)
 #define NSG ((BM / WM) * NWN)
 #define NT (NSG * 32)
@@ -218,14 +213,7 @@ void main() {
   uint tid = gl_LocalInvocationID.x;
   uint sg = gl_SubgroupID, lane = gl_SubgroupInvocationID;
   uint wm = sg / NWN, wn = sg % NWN;
-#if SWZ > 0
-  uint gx = gl_NumWorkGroups.x, gy = gl_NumWorkGroups.y;
-  uint lin = gl_WorkGroupID.y * gx + gl_WorkGroupID.x;
-  uint first = (lin / (SWZ * gx)) * SWZ, rows = min(gy - first, uint(SWZ)), in_group = lin % (SWZ * gx);
-  uint m0 = (first + in_group % rows) * BM, n0 = (in_group / rows) * BN;
-#else
   uint m0 = gl_WorkGroupID.y * BM, n0 = gl_WorkGroupID.x * BN;
-#endif
   uint a_base, b_base, c_base, split;
   batch_offsets(gl_WorkGroupID.z, a_base, b_base, c_base, split);
   uint kbeg = split * pc.k_split;

@@ -45,7 +45,6 @@ TEST_P(OpTest, ArgmaxAndTopk) {
   }
 }
 
-}  // namespace
 // The gradient norm's sum of squares over many tensors: mixed dtypes, a tensor longer than one 8192-element chunk,
 // a view at an offset, a strided view (copied first), an empty tensor; on Vulkan also with one or two buffers per
 // dispatch (the grouping by buffer).
@@ -70,4 +69,5 @@ TEST_P(OpTest, SumOfSquaresManyTensors) {
   EXPECT_THROW(ops::sum_of_squares({Tensor::from_ints({1, 2}, {2}, dev())}), ShapeError);
 }
 
+}  // namespace
 }  // namespace lmtune::test

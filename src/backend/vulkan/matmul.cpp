@@ -325,10 +325,10 @@ void Matmul::eval_vulkan(const std::vector<Tensor>& in, std::vector<Tensor>& out
 
   // Some tiles exist only in the fast kernel: every dispatch must have vector access to A, B and C.
   const bool fast_only = use_cm && fast_kernel_enabled() && n_outer == 1 &&
-                      uint64_t(d0.size) * uint64_t(d1.size) * 32 <= kMaxGroupsZ &&
-                      vector_staging(a.dtype(), ta, a_rs, a_cs, a.offset(), d0.sa, d1.sa) &&
-                      vector_staging(b.dtype(), tb, b_rs, b_cs, b.offset(), d0.sb, d1.sb) && c.offset() % 8 == 0 &&
-                      N % 8 == 0;
+                         uint64_t(d0.size) * uint64_t(d1.size) * 32 <= kMaxGroupsZ &&
+                         vector_staging(a.dtype(), ta, a_rs, a_cs, a.offset(), d0.sa, d1.sa) &&
+                         vector_staging(b.dtype(), tb, b_rs, b_cs, b.offset(), d0.sb, d1.sb) &&
+                         c.offset() % 8 == 0 && N % 8 == 0;
   Plan plan;
   choose_tile_and_split(plan, use_cm, opt, M, N, K, nbatch,
                         ctx.properties().deviceType == VK_PHYSICAL_DEVICE_TYPE_CPU, allow_split, fast_only);

@@ -1,8 +1,8 @@
 // Vulkan kernels for the in-place optimizer updates (kernels/optimizer.comp) and the gradient norm's sum of squares
 // over many tensors (kernels/sum_of_squares.comp).
-#include "backend/vulkan/kernel_util.h"
 #include <algorithm>
 
+#include "backend/vulkan/kernel_util.h"
 #include "core/ops.h"
 #include "core/ops/optimizer.h"
 #include "core/ops/view.h"
