@@ -1,7 +1,7 @@
 #version 450
 // Fused attention backward, dK and dV, on tensor cores (the contract of flash_attention_bwd_dkdv.comp): one
 // workgroup per (block of 64 keys, kv head, batch), a subgroup per 16 keys holding its K and V rows as f16
-// fragments. Per block of BR rows (all G query heads of the kv head) staged in shared memory, it works on the
+// fragments (transposed, see flash_attention_cm.glsl). Per block of BR rows (all G query heads of the kv head) staged in shared memory, it works on the
 // transposed problem: S^T = K Q^T and dP^T = V dO^T on the tensor cores, P^T = exp(S^T - LSE) and
 // dS^T = scale P^T (dP^T - delta) on the lanes (rounded to f16), then dV += P^T dO and dK += dS^T Q into f32
 // accumulators. One writer per element: no atomics. Where few workgroups would run (GQA: T * G rows per kv head
@@ -16,6 +16,7 @@ const uint SST = BR + 4u;                 // f32 stride of a subgroup's S^T and 
 const uint SSZ = max(2u * 16u * SST, 16u * (DMAX + 4u));  // a subgroup's f32 area: S^T, dP^T; at the end dK, dV
 const uint PST = (BR + 8u) / 8u;          // uvec4 stride of P^T and dS^T
 const uint HC = BR / 2u, HD = DMAX / 2u;
+const uint NCH = BR * (DMAX / 8u) / WG;   // 8-element chunks per invocation of a Q or dO tile (2 NCH: K, V)
 
 shared uvec4 qo_s[2u * BR * DS];  // Q rows, then dO rows (K and V, 64 rows each, at the start)
 shared float s_s[NSG * SSZ];
@@ -46,21 +47,21 @@ void main() {
   const uint lr = lane % 16u, half_ = lane / 16u;
 
   // K, then V rows into fragments, through the Q/dO tile (2 BR == BC rows).
-  F16M ka[FD], va[FD];
+  F16M kt[FD], vt[FD];  // K^T and V^T, the B operands of S = Q K^T and dP = dO V^T
+  uvec4 wq[2u * NCH], wo[2u * NCH];  // K and V chunks here, Q and dO chunks in the loop
+  LOAD_CHUNKS(2u * NCH, wq, K, 1, j0 + r < p.S, k_at(b, min(j0 + r, p.S - 1u), kv, d0))
+  LOAD_CHUNKS(2u * NCH, wo, V, 2, j0 + r < p.S, v_at(b, min(j0 + r, p.S - 1u), kv, d0))
   for (uint pass = 0; pass < 2u; ++pass) {
-    if (pass == 1u) barrier();
-    for (uint c = tid; c < BC * (DMAX / 8u); c += WG) {
-      uint r, d0, n;
-      tile_chunk(c, r, d0, n);
-      uint j = j0 + r;
-      uvec4 w = uvec4(0);
-      if (j < p.S && n > 0u) w = pass == 0u ? K_f16x8(dt(1), k_at(b, j, kv, d0), n) : V_f16x8(dt(2), v_at(b, j, kv, d0), n);
-      qo_s[r * DS + d0 / 8u] = w;
+    if (pass == 0u) {
+      STORE_CHUNKS(2u * NCH, wq, 1, qo_s, 0u, j0 + r < p.S)
+    } else {
+      barrier();
+      STORE_CHUNKS(2u * NCH, wo, 2, qo_s, 0u, j0 + r < p.S)
     }
     barrier();
     [[unroll]] for (uint f = 0; f < FD; ++f) {
-      if (pass == 0u) coopMatLoadNV(ka[f], qo_s, sg * 16u * DS + f * 2u, DS, false);
-      else coopMatLoadNV(va[f], qo_s, sg * 16u * DS + f * 2u, DS, false);
+      if (pass == 0u) coopMatLoadNV(kt[f], qo_s, sg * 16u * DS + f * 2u, DS, true);
+      else coopMatLoadNV(vt[f], qo_s, sg * 16u * DS + f * 2u, DS, true);
     }
   }
 
@@ -79,22 +80,23 @@ void main() {
   [[unroll]] for (uint f = 0; f < FD; ++f) dk[f] = dv[f] = F32M(0.0);
 
   for (uint r0 = row_begin; r0 < split_end; r0 += BR) {
+#define ROW_T (min(r0 + r, row_end - 1u) / G)
+#define ROW_H (kv * G + min(r0 + r, row_end - 1u) % G)
+    LOAD_CHUNKS(NCH, wq, Q, 0, r0 + r < row_end, q_at(b, ROW_T, ROW_H, d0))
+    LOAD_CHUNKS(NCH, wo, X, 3, r0 + r < row_end, x_at(b, ROW_T, ROW_H, d0))
+    const uint own = min(r0 + tid % BR, row_end - 1u), own_t = own / G, own_h = kv * G + own % G;
+    const float lse = LD_F32(LSE, p.lse_off + bht(b, own_h, own_t));
+    const float delta = LD_F32(DELTA, p.delta_off + bht(b, own_h, own_t));
+    const int own_doc = doc_of(b, own_t);
     barrier();
-    for (uint c = tid; c < BR * (DMAX / 8u); c += WG) {
-      uint r, d0, n;
-      tile_chunk(c, r, d0, n);
-      uint row = r0 + r, t = row / G, h = kv * G + row % G;
-      bool ok = row < row_end && n > 0u;
-      qo_s[r * DS + d0 / 8u] = ok ? Q_f16x8(dt(0), q_at(b, t, h, d0), n) : uvec4(0);
-      qo_s[(BR + r) * DS + d0 / 8u] = ok ? X_f16x8(dt(3), x_at(b, t, h, d0), n) : uvec4(0);
-    }
+    STORE_CHUNKS(NCH, wq, 0, qo_s, 0u, r0 + r < row_end)
+    STORE_CHUNKS(NCH, wo, 3, qo_s, BR * DS, r0 + r < row_end)
     if (tid < BR) {
-      uint row = min(r0 + tid, row_end - 1u), t = row / G, h = kv * G + row % G;
       row_ok[tid] = r0 + tid < row_end;
-      row_qpos[tid] = int(t) + p.q_offset;
-      row_doc[tid] = doc_of(b, t);
-      row_lse[tid] = LD_F32(LSE, p.lse_off + bht(b, h, t));
-      row_delta[tid] = LD_F32(DELTA, p.delta_off + bht(b, h, t));
+      row_qpos[tid] = int(own_t) + p.q_offset;
+      row_doc[tid] = own_doc;
+      row_lse[tid] = lse;
+      row_delta[tid] = delta;
     }
     if (sg == 0u) {  // BR == 32: one subgroup votes on the block's rows
       uint row = r0 + lane;
@@ -104,18 +106,19 @@ void main() {
     int rows_doc;
     const bool rows_plain = voted(1u, rows_doc);
 
-    // S^T = K Q^T and dP^T = V dO^T for this subgroup's 16 keys.
+    // S^T = K Q^T and dP^T = V dO^T for this subgroup's 16 keys, as S = Q K^T and dP = dO V^T stored transposed
+    // (row-major Q, dO loads).
     [[unroll]] for (uint nb = 0; nb < BR / 16u; ++nb) {
       F32M s = F32M(0.0), dp = F32M(0.0);
       [[unroll]] for (uint f = 0; f < FD; ++f) {
-        F16M qb, ob;
-        coopMatLoadNV(qb, qo_s, nb * 16u * DS + f * 2u, DS, true);
-        coopMatLoadNV(ob, qo_s, (BR + nb * 16u) * DS + f * 2u, DS, true);
-        s = coopMatMulAddNV(ka[f], qb, s);
-        dp = coopMatMulAddNV(va[f], ob, dp);
+        F16M qa, oa;
+        coopMatLoadNV(qa, qo_s, nb * 16u * DS + f * 2u, DS, false);
+        coopMatLoadNV(oa, qo_s, (BR + nb * 16u) * DS + f * 2u, DS, false);
+        s = coopMatMulAddNV(qa, kt[f], s);
+        dp = coopMatMulAddNV(oa, vt[f], dp);
       }
-      coopMatStoreNV(s, s_s, sbase + nb * 16u, SST, false);
-      coopMatStoreNV(dp, s_s, dbase + nb * 16u, SST, false);
+      coopMatStoreNV(s, s_s, sbase + nb * 16u, SST, true);
+      coopMatStoreNV(dp, s_s, dbase + nb * 16u, SST, true);
     }
     subgroup_sync();
 

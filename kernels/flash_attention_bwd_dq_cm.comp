@@ -1,7 +1,7 @@
 #version 450
 // Fused attention backward, dQ, on tensor cores (the contract of flash_attention_bwd_dq.comp): one workgroup per
-// (block of 64 rows, kv head, batch), a subgroup per 16 rows holding its Q and dO rows as f16 fragments. Per
-// block of BC keys: S = Q K^T and dP = dO V^T on the tensor cores, dS = scale P (dP - delta) on the lanes (times
+// (block of 64 rows, kv head, batch), a subgroup per 16 rows holding its Q and dO rows as f16 fragments
+// (transposed, see flash_attention_cm.glsl). Per block of BC keys: S = Q K^T and dP = dO V^T on the tensor cores, dS = scale P (dP - delta) on the lanes (times
 // 1 - tanh^2 where soft-capped; rounded to f16), dQ += dS K into f32 accumulators. Layout conventions in
 // flash_attention_cm.glsl.
 #include "flash_attention_cm.glsl"
@@ -12,6 +12,7 @@ const uint SST = BC + 4u;                 // f32 stride of a subgroup's S and dP
 const uint SSZ = max(2u * 16u * SST, 16u * (DMAX + 4u));  // a subgroup's f32 area: S, dP; at the end dQ
 const uint PST = (BC + 8u) / 8u;          // uvec4 stride of dS
 const uint HC = BC / 2u, HD = DMAX / 2u;
+const uint NCH = BC * (DMAX / 8u) / WG;   // 8-element chunks per invocation of a K or V tile (2 NCH: Q, dO)
 
 shared uvec4 kv_s[2u * BC * DS];  // K rows, then V rows (Q and dO, 64 rows each, at the start)
 shared float s_s[NSG * SSZ];
@@ -27,21 +28,23 @@ void main() {
   const uint lr = lane % 16u, half_ = lane / 16u;
 
   // Q, then dO rows into fragments, through the K/V tile (2 BC == BR rows).
-  F16M qa[FD], oa[FD];
+  F16M qt[FD], ot[FD];  // Q^T and dO^T, the B operands of S^T = K Q^T and dP^T = V dO^T
+  uvec4 wk[2u * NCH], wv[2u * NCH];  // Q and dO chunks here, K and V chunks in the loop
+#define ROW_T (min(r0 + r, rows - 1u) / G)
+#define ROW_H (kv * G + min(r0 + r, rows - 1u) % G)
+  LOAD_CHUNKS(2u * NCH, wk, Q, 0, r0 + r < rows, q_at(b, ROW_T, ROW_H, d0))
+  LOAD_CHUNKS(2u * NCH, wv, X, 3, r0 + r < rows, x_at(b, ROW_T, ROW_H, d0))
   for (uint pass = 0; pass < 2u; ++pass) {
-    if (pass == 1u) barrier();
-    for (uint c = tid; c < BR * (DMAX / 8u); c += WG) {
-      uint r, d0, n;
-      tile_chunk(c, r, d0, n);
-      uint row = r0 + r, t = row / G, h = kv * G + row % G;
-      uvec4 w = uvec4(0);
-      if (row < rows && n > 0u) w = pass == 0u ? Q_f16x8(dt(0), q_at(b, t, h, d0), n) : X_f16x8(dt(3), x_at(b, t, h, d0), n);
-      kv_s[r * DS + d0 / 8u] = w;
+    if (pass == 0u) {
+      STORE_CHUNKS(2u * NCH, wk, 0, kv_s, 0u, r0 + r < rows)
+    } else {
+      barrier();
+      STORE_CHUNKS(2u * NCH, wv, 3, kv_s, 0u, r0 + r < rows)
     }
     barrier();
     [[unroll]] for (uint f = 0; f < FD; ++f) {
-      if (pass == 0u) coopMatLoadNV(qa[f], kv_s, sg * 16u * DS + f * 2u, DS, false);
-      else coopMatLoadNV(oa[f], kv_s, sg * 16u * DS + f * 2u, DS, false);
+      if (pass == 0u) coopMatLoadNV(qt[f], kv_s, sg * 16u * DS + f * 2u, DS, true);
+      else coopMatLoadNV(ot[f], kv_s, sg * 16u * DS + f * 2u, DS, true);
     }
   }
 
@@ -56,15 +59,11 @@ void main() {
   [[unroll]] for (uint f = 0; f < FD; ++f) dq[f] = F32M(0.0);
 
   for (int jb = keys.x; jb < keys.y; jb += int(BC)) {
+    LOAD_CHUNKS(NCH, wk, K, 1, uint(jb) + r < p.S, k_at(b, min(uint(jb) + r, p.S - 1u), kv, d0))
+    LOAD_CHUNKS(NCH, wv, V, 2, uint(jb) + r < p.S, v_at(b, min(uint(jb) + r, p.S - 1u), kv, d0))
     barrier();
-    for (uint c = tid; c < BC * (DMAX / 8u); c += WG) {
-      uint r, d0, n;
-      tile_chunk(c, r, d0, n);
-      uint j = uint(jb) + r;
-      bool ok = j < p.S && n > 0u;
-      kv_s[r * DS + d0 / 8u] = ok ? K_f16x8(dt(1), k_at(b, j, kv, d0), n) : uvec4(0);
-      kv_s[(BC + r) * DS + d0 / 8u] = ok ? V_f16x8(dt(2), v_at(b, j, kv, d0), n) : uvec4(0);
-    }
+    STORE_CHUNKS(NCH, wk, 1, kv_s, 0u, uint(jb) + r < p.S)
+    STORE_CHUNKS(NCH, wv, 2, kv_s, BC * DS, uint(jb) + r < p.S)
     if (sg < BC / 32u) {
       uint c = sg * 32u + lane, j = uint(jb) + c;
       bool ok = int(j) < keys.y && key_usable(b, j);
@@ -77,18 +76,18 @@ void main() {
     int block_doc;
     const bool keys_plain = voted(BC / 32u, block_doc);
 
-    // S = Q K^T and dP = dO V^T.
+    // S = Q K^T and dP = dO V^T, as S^T = K Q^T and dP^T = V dO^T stored transposed (row-major K, V loads).
     [[unroll]] for (uint nb = 0; nb < BC / 16u; ++nb) {
       F32M s = F32M(0.0), dp = F32M(0.0);
       [[unroll]] for (uint f = 0; f < FD; ++f) {
-        F16M kb, vb;
-        coopMatLoadNV(kb, kv_s, nb * 16u * DS + f * 2u, DS, true);
-        coopMatLoadNV(vb, kv_s, (BC + nb * 16u) * DS + f * 2u, DS, true);
-        s = coopMatMulAddNV(qa[f], kb, s);
-        dp = coopMatMulAddNV(oa[f], vb, dp);
+        F16M ka, va;
+        coopMatLoadNV(ka, kv_s, nb * 16u * DS + f * 2u, DS, false);
+        coopMatLoadNV(va, kv_s, (BC + nb * 16u) * DS + f * 2u, DS, false);
+        s = coopMatMulAddNV(ka, qt[f], s);
+        dp = coopMatMulAddNV(va, ot[f], dp);
       }
-      coopMatStoreNV(s, s_s, sbase + nb * 16u, SST, false);
-      coopMatStoreNV(dp, s_s, dbase + nb * 16u, SST, false);
+      coopMatStoreNV(s, s_s, sbase + nb * 16u, SST, true);
+      coopMatStoreNV(dp, s_s, dbase + nb * 16u, SST, true);
     }
     subgroup_sync();
 

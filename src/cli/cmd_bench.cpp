@@ -39,6 +39,7 @@ struct BenchOptions {
   bool stream = false;         // time reps back-to-back calls by wall clock (one synchronize) instead
   std::string sizes = "auto";  // auto | small | full
   std::string shapes;          // MxNxK[,MxNxK...] replaces the matmul shapes
+  std::string attention;       // BxTxHxKVxD[,...] replaces the attention shapes
   std::string only;            // comma list of op names to run
   int reps = 10;
 };
@@ -188,14 +189,34 @@ struct AttentionShape {
   bool fused, backward;  // flash_attention or attention_reference; forward only or forward + backward
 };
 
-std::vector<AttentionShape> attention_shapes(bool small) {
+// --attention-shapes entries BxTxHxKVxD (H a multiple of KV).
+std::vector<AttentionShape> parse_attention_shapes(const std::string& list) {
+  std::vector<AttentionShape> s;
+  std::string rest = list;
+  while (!rest.empty()) {
+    size_t comma = rest.find(',');
+    std::string one = rest.substr(0, comma);
+    rest = comma == std::string::npos ? "" : rest.substr(comma + 1);
+    long long b, t, h, kv, d;
+    char extra;
+    if (std::sscanf(one.c_str(), "%lldx%lldx%lldx%lldx%lld%c", &b, &t, &h, &kv, &d, &extra) != 5 || b <= 0 ||
+        t <= 0 || h <= 0 || kv <= 0 || d <= 0 || h % kv != 0)
+      throw ConfigError("bench: bad --attention-shapes entry '" + one + "' (expected BxTxHxKVxD, H a multiple of KV)");
+    s.push_back({b, t, h, kv, d, true, false});
+  }
+  return s;
+}
+
+std::vector<AttentionShape> attention_shapes(const BenchOptions& o, bool small) {
   std::vector<AttentionShape> s;
   // Qwen2.5-0.5B heads (14 query, 2 kv, D 64) over 2048 tokens; Llama-style D 128 (16 query, 8 kv heads).
-  std::vector<AttentionShape> base = small ? std::vector<AttentionShape>{{1, 256, 14, 2, 64, true, false}}
-                                           : std::vector<AttentionShape>{{1, 2048, 14, 2, 64, true, false},
-                                                                         {1, 2048, 16, 8, 128, true, false}};
+  std::vector<AttentionShape> base = !o.attention.empty() ? parse_attention_shapes(o.attention)
+                                     : small ? std::vector<AttentionShape>{{1, 256, 14, 2, 64, true, false}}
+                                             : std::vector<AttentionShape>{{1, 2048, 14, 2, 64, true, false},
+                                                                           {1, 2048, 16, 8, 128, true, false}};
   for (const auto& b : base)
     for (bool fused : {true, false})
+      if (fused || o.attention.empty())
       for (bool backward : {false, true}) s.push_back({b.B, b.T, b.H, b.KV, b.D, fused, backward});
   return s;
 }
@@ -300,7 +321,7 @@ void run_bench_ops(const std::string& device_opt, const BenchOptions& o) {
     fail.dtype = std::string(dtype_name(s.dtype));
     run([&] { return bench_matmul(s, dev, o.reps); }, fail);
   }
-  for (const auto& a : attention_shapes(small)) {
+  for (const auto& a : attention_shapes(o, small)) {
     if (!selected(o, "attention")) break;
     Result fail;
     fail.op = "attention";
@@ -330,6 +351,7 @@ void add_bench_command(CLI::App& app, const std::string& device) {
   ops_cmd->add_flag("--json", o->json, "One JSON object per line");
   ops_cmd->add_option("--sizes", o->sizes, "auto | small | full (auto: small on CPU devices)");
   ops_cmd->add_option("--shapes", o->shapes, "Matmul shapes MxNxK[:dtype][:nt|:tn|:tt][,...] (f16 and f32 unless a dtype is given; t: that operand transposed)");
+  ops_cmd->add_option("--attention-shapes", o->attention, "Attention shapes BxTxHxKVxD[,...] (batch, tokens, query heads, kv heads, head dim; causal bf16)");
   ops_cmd->add_option("--ops", o->only, "Comma list of ops to run (matmul,attention,add,mul,silu,copy,cast,rms_norm,softmax,sum)");
   ops_cmd->add_option("--reps", o->reps, "Timed repetitions per op (median)")->check(CLI::Range(1, 1000));
   ops_cmd->add_option("--warmup", o->warmup_s, "Seconds of warm-up per op (default 1)")->check(CLI::Range(0.0, 60.0));
