@@ -28,7 +28,7 @@ TENSOR(9, Z)      // dV: dense
 // Mirrored by FlashPush in src/backend/vulkan/flash_attention.cpp.
 layout(push_constant) uniform Push {
   uint T, S, H, KV, D;
-  uint flags;  // 1 causal, 2 doc ids, 4 key mask
+  uint flags;  // 1 causal, 2 doc ids, 4 key mask; tensor-core kernels: 8 inputs read, 16 outputs written by 16 bytes
   int window, q_offset;
   float scale, softcap;
   uint q_off, q_sb, q_st, k_off, k_sb, k_st, v_off, v_sb, v_st, x_off, x_sb, x_st;  // element offset, batch and time strides

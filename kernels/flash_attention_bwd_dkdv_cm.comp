@@ -15,7 +15,7 @@ const uint BC = NSG * 16u;                // keys per workgroup
 const uint SST = BR + 4u;                 // f32 stride of a subgroup's S^T and dP^T
 const uint SSZ = max(2u * 16u * SST, 16u * (DMAX + 4u));  // a subgroup's f32 area: S^T, dP^T; at the end dK, dV
 const uint PST = (BR + 8u) / 8u;          // uvec4 stride of P^T and dS^T
-const uint HC = BR / 2u, HD = DMAX / 2u;
+const uint HC = BR / 2u;
 const uint NCH = BR * (DMAX / 8u) / WG;   // 8-element chunks per invocation of a Q or dO tile (2 NCH: K, V)
 
 shared uvec4 qo_s[2u * BR * DS];  // Q rows, then dO rows (K and V, 64 rows each, at the start)
@@ -32,11 +32,9 @@ shared float row_lse[BR], row_delta[BR];
   [[unroll]] for (uint f = 0; f < FD; ++f) coopMatStoreNV(ACC[f], s_s, sbase + f * 16u, DMAX + 4u, false); \
   subgroup_sync();                                                                                  \
   if (j < p.S) {                                                                                    \
-    uint at = bth(b, j, kv, p.KV, p.S);                                                             \
-    [[unroll]] for (uint i = 0; i < HD; ++i) {                                                      \
-      uint d = half_ * HD + i;                                                                      \
-      if (d < p.D) T##_st(dt(F), OFF + at + d, s_s[sbase + lr * (DMAX + 4u) + d]);                  \
-    }                                                                                               \
+    float g[HALF];                                                                                  \
+    [[unroll]] for (uint i = 0; i < HALF; ++i) g[i] = s_s[sbase + lr * (DMAX + 4u) + half_ * HALF + i]; \
+    T##_store_half(dt(F), OFF + bth(b, j, kv, p.KV, p.S) + half_ * HALF, half_ * HALF, g);          \
   }
 
 void main() {

@@ -11,7 +11,7 @@ const uint BR = NSG * 16u;                // rows per workgroup
 const uint SST = BC + 4u;                 // f32 stride of a subgroup's S and dP
 const uint SSZ = max(2u * 16u * SST, 16u * (DMAX + 4u));  // a subgroup's f32 area: S, dP; at the end dQ
 const uint PST = (BC + 8u) / 8u;          // uvec4 stride of dS
-const uint HC = BC / 2u, HD = DMAX / 2u;
+const uint HC = BC / 2u;
 const uint NCH = BC * (DMAX / 8u) / WG;   // 8-element chunks per invocation of a K or V tile (2 NCH: Q, dO)
 
 shared uvec4 kv_s[2u * BC * DS];  // K rows, then V rows (Q and dO, 64 rows each, at the start)
@@ -125,10 +125,8 @@ void main() {
   [[unroll]] for (uint f = 0; f < FD; ++f) coopMatStoreNV(dq[f], s_s, sbase + f * 16u, DMAX + 4u, false);
   subgroup_sync();
   if (row_ok) {
-    uint at = bth(b, t, h, p.H, p.T);
-    [[unroll]] for (uint i = 0; i < HD; ++i) {
-      uint d = half_ * HD + i;
-      if (d < p.D) Y_st(dt(4), p.y_off + at + d, s_s[sbase + lr * (DMAX + 4u) + d]);
-    }
+    float g[HALF];
+    [[unroll]] for (uint i = 0; i < HALF; ++i) g[i] = s_s[sbase + lr * (DMAX + 4u) + half_ * HALF + i];
+    Y_store_half(dt(4), p.y_off + bth(b, t, h, p.H, p.T) + half_ * HALF, half_ * HALF, g);
   }
 }

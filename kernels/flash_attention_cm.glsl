@@ -4,7 +4,7 @@
 // rescaling of the online softmax run in f32 on plain registers. A workgroup is 4 subgroups of 32; each subgroup
 // owns 16 rows of the problem (queries in the forward and dQ kernels, keys in dK/dV) and works on them alone
 // between the workgroup's tile loads (subgroup barriers only). Scores leave the accumulators through shared
-// memory as f32 [16][cols + 4]. Products whose second operand would be transposed (S = Q K^T) run transposed
+// memory. Products whose second operand would be transposed (S = Q K^T) run transposed
 // (S^T = K Q^T, the fixed Q^T fragments loaded once, the result stored column-major), so that no fragment in an
 // inner loop is loaded column-major (one such load per multiply-add cost the forward pass 6%). Scores sit in shared
 // memory as f32 [16][cols + 4]; lane l then handles row l % 16, columns [(l / 16) * cols / 2, +cols / 2) (the
@@ -99,6 +99,32 @@ bool raw_chunks(uint dt) { return vec8() && dt != DT_F32; }
       w = uvec4(bf16x2_to_f16x2(w.x), bf16x2_to_f16x2(w.y), bf16x2_to_f16x2(w.z), bf16x2_to_f16x2(w.w)); \
     DST[(BASE) + tile_at(tid + i * WG)] = (ROW_OK) && n > 0u ? w : uvec4(0);                            \
   }
+
+// Outputs: a lane writes HALF = DMAX / 2 consecutive dims of one row (its half). Where flags bit 16 says the
+// output offsets and D are multiples of 8 elements, 8 16-bit or 4 f32 values go per 16-byte store (one element
+// per store made a lane's 32 stores touch 32 sectors each), else element by element.
+const uint HALF = DMAX / 2u;
+bool vec_out() { return (p.flags & 16u) != 0u; }
+uint encode2(uint dt, float a, float b) { return encode(dt, a) | (encode(dt, b) << 16); }
+// v: the values of dims d_first.. (those past D are not written), to tensor T from element e (of dim d_first) on.
+#define STORE_HALF_FN(B, T)                                                                            \
+  layout(std430, set = 0, binding = B) writeonly buffer T##_bufo { uvec4 T##_o[]; };                   \
+  void T##_store_half(uint dt, uint e, uint d_first, float v[HALF]) {                                  \
+    if (vec_out() && is16(dt)) {                                                                       \
+      [[unroll]] for (uint i = 0; i < HALF; i += 8u)                                                   \
+        if (d_first + i < p.D)                                                                         \
+          T##_o[(e + i) >> 3] = uvec4(encode2(dt, v[i], v[i + 1u]), encode2(dt, v[i + 2u], v[i + 3u]), \
+                                      encode2(dt, v[i + 4u], v[i + 5u]), encode2(dt, v[i + 6u], v[i + 7u])); \
+    } else if (vec_out() && dt == DT_F32) {                                                            \
+      [[unroll]] for (uint i = 0; i < HALF; i += 4u)                                                   \
+        if (d_first + i < p.D) T##_o[(e + i) >> 2] = floatBitsToUint(vec4(v[i], v[i + 1u], v[i + 2u], v[i + 3u])); \
+    } else {                                                                                           \
+      [[unroll]] for (uint i = 0; i < HALF; ++i)                                                       \
+        if (d_first + i < p.D) T##_st(dt, e + i, v[i]);                                                \
+    }                                                                                                  \
+  }
+STORE_HALF_FN(8, Y)
+STORE_HALF_FN(9, Z)
 
 // Chunk c of a [rows][DMAX] tile: its row and first dim, and how many of its 8 dims exist (D <= DMAX).
 void tile_chunk(uint c, out uint r, out uint d0, out uint n) {

@@ -13,7 +13,7 @@ const uint BC = 64u;                          // keys per block
 const uint BR = NSG * 16u;                    // rows per workgroup
 const uint SST = max(BC, DMAX) + 4u;          // f32 stride of a subgroup's scores, then its P V
 const uint PST = (BC + 8u) / 8u;              // uvec4 stride of P
-const uint HC = BC / 2u, HD = DMAX / 2u;      // columns per lane: scores, output dims
+const uint HC = BC / 2u;                      // score columns per lane (HALF: output dims)
 const float TAU = 8.0;                        // lazy rescaling threshold (e^8 = 2981)
 const uint NCH = BC * (DMAX / 8u) / WG;       // 8-element chunks per invocation of a K, V (or Q: BR == BC) tile
 
@@ -52,16 +52,16 @@ void main() {
   for (int jb = keys.x; jb < keys.y; jb += int(BC)) {
     LOAD_CHUNKS(NCH, wk, K, 1, uint(jb) + r < p.S, k_at(b, min(uint(jb) + r, p.S - 1u), kv, d0))
     LOAD_CHUNKS(NCH, wv, V, 2, uint(jb) + r < p.S, v_at(b, min(uint(jb) + r, p.S - 1u), kv, d0))
+    const uint kc = (sg % (BC / 32u)) * 32u + lane, kj = uint(jb) + kc;  // a key flag per lane of subgroups 0, 1
+    const bool key_in = int(kj) < keys.y && key_usable(b, kj);
+    const int kdoc = kj < p.S ? doc_of(b, kj) : 0;
     barrier();
     STORE_CHUNKS(NCH, wk, 1, kv_s, 0u, uint(jb) + r < p.S)
     STORE_CHUNKS(NCH, wv, 2, kv_s, BC * DS, uint(jb) + r < p.S)
     if (sg < BC / 32u) {
-      uint c = sg * 32u + lane, j = uint(jb) + c;
-      bool ok = int(j) < keys.y && key_usable(b, j);
-      int d = j < p.S ? doc_of(b, j) : 0;
-      key_ok[c] = ok;
-      key_doc[c] = d;
-      vote(sg, ok, d);
+      key_ok[kc] = key_in;
+      key_doc[kc] = kdoc;
+      vote(sg, key_in, kdoc);
     }
     barrier();
     int block_doc;
@@ -115,7 +115,7 @@ void main() {
       subgroup_sync();
       [[unroll]] for (uint f = 0; f < FD; ++f) coopMatStoreNV(oacc[f], s_s, sbase + f * 16u, SST, false);
       subgroup_sync();
-      [[unroll]] for (uint i = 0; i < HD; ++i) s_s[sbase + lr * SST + half_ * HD + i] *= alpha;
+      [[unroll]] for (uint i = 0; i < HALF; ++i) s_s[sbase + lr * SST + half_ * HALF + i] *= alpha;
       subgroup_sync();
       [[unroll]] for (uint f = 0; f < FD; ++f) coopMatLoadNV(oacc[f], s_s, sbase + f * 16u, SST, false);
     }
@@ -138,11 +138,9 @@ void main() {
   subgroup_sync();
   if (row_ok) {
     float inv = l > 0.0 ? 1.0 / l : 0.0;  // a row that saw no key outputs 0
-    uint at = bth(b, t, kv * G + row % G, p.H, p.T);
-    [[unroll]] for (uint i = 0; i < HD; ++i) {
-      uint d = half_ * HD + i;
-      if (d < p.D) Y_st(dt(4), p.y_off + at + d, s_s[sbase + lr * SST + half_ * HD + i] * inv);
-    }
+    float o[HALF];
+    [[unroll]] for (uint i = 0; i < HALF; ++i) o[i] = s_s[sbase + lr * SST + half_ * HALF + i] * inv;
+    Y_store_half(dt(4), p.y_off + bth(b, t, kv * G + row % G, p.H, p.T) + half_ * HALF, half_ * HALF, o);
     if (half_ == 0u)
       ST_F32(LSE, p.lse_off + bht(b, kv * G + row % G, t), l > 0.0 ? m + log(l) : NEG_INF);
   }

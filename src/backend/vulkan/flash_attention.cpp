@@ -160,6 +160,9 @@ bool use_coopmat(const Context& ctx, const FlashAttentionParams& p, DType q_dtyp
 
 // Flag 8 of the push block: every row of q, k, v (and dO) starts at a multiple of 8 elements, so the tensor-core
 // kernels read 8 elements at a time.
+// Flags bit 16 of the tensor-core kernels: outputs written 16 bytes at a time (output offsets and D multiples of 8).
+uint32_t vec_out_flag(const FlashPush& f) { return f.D % 8 == 0 && f.y_off % 8 == 0 && f.z_off % 8 == 0 ? 16u : 0u; }
+
 bool rows_of_8(const FlashPush& f, bool with_do) {
   if (f.D % 8 != 0) return false;
   for (uint32_t x : {f.q_off, f.q_sb, f.q_st, f.k_off, f.k_sb, f.k_st, f.v_off, f.v_sb, f.v_st})
@@ -208,6 +211,7 @@ void FlashAttention::eval_vulkan(const std::vector<Tensor>& ins, std::vector<Ten
     f.lse_off = elem_offset(lse);
     f.y_off = elem_offset(o);
     f.dtypes |= uint32_t(o.dtype()) << 16;
+    f.flags |= vec_out_flag(f);
     ctx.dispatch("flash_attention_fwd_cm_d64",
                  {in(q), in(k), in(v), in(q), out(lse), in(q), docs, keys, out(o), in(q)}, f, {blocks, f.KV, batch});
     return;
@@ -273,6 +277,7 @@ void FlashAttentionBackward::eval_vulkan(const std::vector<Tensor>& ins, std::ve
     FlashPush fq = f;
     fq.y_off = elem_offset(outs[0]);
     fq.dtypes |= uint32_t(outs[0].dtype()) << 16;
+    if (cm) fq.flags |= vec_out_flag(fq);
     const uint32_t br = cm ? 64 : p.D <= 64 ? 32 : p.D <= 128 ? 16 : 8;  // BR of the dQ kernel
     const uint32_t blocks = ceil_div(uint64_t(p.T * p.G()), br);
     check_grid(blocks, "query");
@@ -295,6 +300,7 @@ void FlashAttentionBackward::eval_vulkan(const std::vector<Tensor>& ins, std::ve
     fk.y_off = elem_offset(dk);
     fk.z_off = elem_offset(dv);
     fk.dtypes |= uint32_t(dk.dtype()) << 16 | uint32_t(dv.dtype()) << 20;
+    if (cm) fk.flags |= vec_out_flag(fk);
     ctx.dispatch(cm ? std::string("flash_attention_bwd_dkdv_cm_d64") : variant(ctx, "flash_attention_bwd_dkdv" + cls),
                  {in(q), in(k), in(v), in(d_o), in(lse), in(delta), docs, keys, out(dk), out(dv)}, fk,
                  {blocks, f.KV, batch * fk.splits});
