@@ -10,8 +10,11 @@
 
 #include "common.glsl"
 
-layout(local_size_x = 128) in;
-const uint WG = 128u;
+#ifndef FLASH_WG
+#define FLASH_WG 128  // invocations per workgroup (the tensor-core forward kernel runs 256)
+#endif
+layout(local_size_x = FLASH_WG) in;
+const uint WG = FLASH_WG;
 const uint QS = DMAX + 1u;
 
 TENSOR(0, Q)

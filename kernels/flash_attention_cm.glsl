@@ -26,7 +26,7 @@
 #define F16M fcoopmatNV<16, gl_ScopeSubgroup, 16, 16>
 #define F32M fcoopmatNV<32, gl_ScopeSubgroup, 16, 16>
 
-const uint NSG = 4u;              // subgroups per workgroup (WG = 128)
+const uint NSG = WG / 32u;        // subgroups per workgroup
 const uint FD = DMAX / 16u;       // 16-wide fragments across the head dim
 const uint DS = (DMAX + 8u) / 8u;  // row stride of an f16 operand tile, in uvec4
 
@@ -125,6 +125,22 @@ uint encode2(uint dt, float a, float b) { return encode(dt, a) | (encode(dt, b) 
   }
 STORE_HALF_FN(8, Y)
 STORE_HALF_FN(9, Z)
+// The same for 8 consecutive dims (a lane's half of a 16-wide fragment row).
+#define STORE8_FN(T)                                                                                   \
+  void T##_store8(uint dt, uint e, uint d_first, float v[8]) {                                         \
+    if (d_first >= p.D) return;                                                                        \
+    if (vec_out() && is16(dt)) {                                                                       \
+      T##_o[e >> 3] = uvec4(encode2(dt, v[0], v[1]), encode2(dt, v[2], v[3]), encode2(dt, v[4], v[5]), \
+                            encode2(dt, v[6], v[7]));                                                  \
+    } else if (vec_out() && dt == DT_F32) {                                                            \
+      T##_o[e >> 2] = floatBitsToUint(vec4(v[0], v[1], v[2], v[3]));                                   \
+      T##_o[(e >> 2) + 1u] = floatBitsToUint(vec4(v[4], v[5], v[6], v[7]));                           \
+    } else {                                                                                           \
+      [[unroll]] for (uint i = 0; i < 8u; ++i)                                                         \
+        if (d_first + i < p.D) T##_st(dt, e + i, v[i]);                                                \
+    }                                                                                                  \
+  }
+STORE8_FN(Y)
 
 // Chunk c of a [rows][DMAX] tile: its row and first dim, and how many of its 8 dims exist (D <= DMAX).
 void tile_chunk(uint c, out uint r, out uint d0, out uint n) {

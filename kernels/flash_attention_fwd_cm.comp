@@ -1,23 +1,28 @@
 #version 450
 // Fused attention forward on tensor cores (the same contract as flash_attention_fwd.comp, without key-range
-// splits): one workgroup per (block of 64 rows, kv head, batch), a subgroup per 16 rows. Each subgroup keeps its
-// Q rows as f16 fragments (transposed: S is computed as S^T = K Q^T, see flash_attention_cm.glsl) and, per block
-// of BC keys staged in shared memory, computes S, the online
-// softmax on its lanes (P rounded to f16) and O += P V straight into its output accumulators. A row's running
-// maximum m moves only when a block's maximum passes it by more than TAU (P <= e^TAU then, well inside f16), so
-// the accumulators are rescaled (O = alpha O, through shared memory) only in the rare blocks where some row's m
-// moved. Layout conventions in flash_attention_cm.glsl.
+// splits): one workgroup of 8 subgroups per (block of 128 rows, kv head, batch), a subgroup per 16 rows. Each
+// subgroup keeps its Q rows as f16 fragments (transposed: S is computed as S^T = K Q^T, see
+// flash_attention_cm.glsl) and, per block of BC keys staged in shared memory, computes S, the online softmax on
+// its lanes (P rounded to f16) and O += P V straight into its output accumulators. A row's running maximum m moves
+// only when a block's maximum passes it by more than TAU (P <= e^TAU then, well inside f16), so the accumulators
+// are rescaled (O = alpha O, a fragment at a time through shared memory) only in the rare blocks where some row's
+// m moved. NVIDIA runs one such workgroup per SM (its shared-memory carveout holds ~48 KiB for all resident
+// workgroups), so the workgroup is 8 subgroups wide and its tiles are small (32 keys). Layout conventions in
+// flash_attention_cm.glsl.
+#define FLASH_WG 256
 #include "flash_attention_cm.glsl"
 
-const uint BC = 64u;                          // keys per block
+const uint BC = 32u;                          // keys per block
 const uint BR = NSG * 16u;                    // rows per workgroup
-const uint SST = max(BC, DMAX) + 4u;          // f32 stride of a subgroup's scores, then its P V
+const uint SST = BC + 4u;                     // f32 stride of a subgroup's scores
+const uint FST = 20u;                         // f32 stride of a subgroup's 16x16 output fragment (same area)
 const uint PST = (BC + 8u) / 8u;              // uvec4 stride of P
-const uint HC = BC / 2u;                      // score columns per lane (HALF: output dims)
+const uint HC = BC / 2u;                      // score columns per lane
 const float TAU = 8.0;                        // lazy rescaling threshold (e^8 = 2981)
-const uint NCH = BC * (DMAX / 8u) / WG;       // 8-element chunks per invocation of a K, V (or Q: BR == BC) tile
+const uint NCH = BC * (DMAX / 8u) / WG;       // 8-element chunks per invocation of a K or V tile
+const uint QPASS = BR / (2u * BC);            // Q staged through the K/V tile in passes of 2 BC rows
 
-shared uvec4 kv_s[2u * BC * DS];  // K rows, then V rows (Q at the start)
+shared uvec4 kv_s[2u * BC * DS];  // K rows, then V rows (Q rows at the start)
 shared float s_s[NSG * 16u * SST];
 shared uvec4 p_s[NSG * 16u * PST];
 shared bool key_ok[BC];
@@ -30,14 +35,22 @@ void main() {
   const uint G = p.H / p.KV, rows = p.T * G;
   const uint lr = lane % 16u, half_ = lane / 16u;  // this lane's row in the subgroup and its half of the columns
 
-  // Q rows into fragments, through the K/V tile.
-  uvec4 wk[NCH], wv[NCH];
-#define Q_AT q_at(b, min(r0 + r, rows - 1u) / G, kv * G + min(r0 + r, rows - 1u) % G, d0)
-  LOAD_CHUNKS(NCH, wk, Q, 0, r0 + r < rows, Q_AT)
-  STORE_CHUNKS(NCH, wk, 0, kv_s, 0u, r0 + r < rows)
-  barrier();
+  // Q rows into fragments, 2 BC rows (the subgroups that own them) per pass through the K/V tile.
   F16M qt[FD];  // Q^T, the B operand of S^T = K Q^T
-  [[unroll]] for (uint f = 0; f < FD; ++f) coopMatLoadNV(qt[f], kv_s, sg * 16u * DS + f * 2u, DS, true);
+  uvec4 wk[NCH], wv[NCH];
+  for (uint pass = 0; pass < QPASS; ++pass) {
+    const uint q0 = r0 + pass * 2u * BC;
+#define Q_AT(R0) q_at(b, min((R0) + r, rows - 1u) / G, kv * G + min((R0) + r, rows - 1u) % G, d0)
+    LOAD_CHUNKS(NCH, wk, Q, 0, q0 + r < rows, Q_AT(q0))
+    LOAD_CHUNKS(NCH, wv, Q, 0, q0 + BC + r < rows, Q_AT(q0 + BC))
+    if (pass > 0u) barrier();
+    STORE_CHUNKS(NCH, wk, 0, kv_s, 0u, q0 + r < rows)
+    STORE_CHUNKS(NCH, wv, 0, kv_s, BC * DS, q0 + BC + r < rows)
+    barrier();
+    if (sg / (2u * BC / 16u) == pass)
+      [[unroll]] for (uint f = 0; f < FD; ++f)
+        coopMatLoadNV(qt[f], kv_s, (sg % (2u * BC / 16u)) * 16u * DS + f * 2u, DS, true);
+  }
 
   const uint row = r0 + sg * 16u + lr;
   const bool row_ok = row < rows;
@@ -52,20 +65,20 @@ void main() {
   for (int jb = keys.x; jb < keys.y; jb += int(BC)) {
     LOAD_CHUNKS(NCH, wk, K, 1, uint(jb) + r < p.S, k_at(b, min(uint(jb) + r, p.S - 1u), kv, d0))
     LOAD_CHUNKS(NCH, wv, V, 2, uint(jb) + r < p.S, v_at(b, min(uint(jb) + r, p.S - 1u), kv, d0))
-    const uint kc = (sg % (BC / 32u)) * 32u + lane, kj = uint(jb) + kc;  // a key flag per lane of subgroups 0, 1
+    const uint kj = uint(jb) + lane;  // a key flag per lane of subgroup 0 (BC == 32)
     const bool key_in = int(kj) < keys.y && key_usable(b, kj);
     const int kdoc = kj < p.S ? doc_of(b, kj) : 0;
     barrier();
     STORE_CHUNKS(NCH, wk, 1, kv_s, 0u, uint(jb) + r < p.S)
     STORE_CHUNKS(NCH, wv, 2, kv_s, BC * DS, uint(jb) + r < p.S)
-    if (sg < BC / 32u) {
-      key_ok[kc] = key_in;
-      key_doc[kc] = kdoc;
-      vote(sg, key_in, kdoc);
+    if (sg == 0u) {
+      key_ok[lane] = key_in;
+      key_doc[lane] = kdoc;
+      vote(0u, key_in, kdoc);
     }
     barrier();
     int block_doc;
-    const bool keys_plain = voted(BC / 32u, block_doc);
+    const bool keys_plain = voted(1u, block_doc);
 
     // S = Q K^T for this subgroup's 16 rows, as S^T = K Q^T stored transposed: K's fragments load row-major
     // (Q K^T needs a column-major load per multiply-add: 6% of the forward pass on the H100).
@@ -111,13 +124,15 @@ void main() {
     }
     l = l * alpha + pair_sum(sum);
     m = m_new;
-    if (subgroupAny(moved)) {  // O = alpha O, row by row, through this subgroup's score area
-      subgroup_sync();
-      [[unroll]] for (uint f = 0; f < FD; ++f) coopMatStoreNV(oacc[f], s_s, sbase + f * 16u, SST, false);
-      subgroup_sync();
-      [[unroll]] for (uint i = 0; i < HALF; ++i) s_s[sbase + lr * SST + half_ * HALF + i] *= alpha;
-      subgroup_sync();
-      [[unroll]] for (uint f = 0; f < FD; ++f) coopMatLoadNV(oacc[f], s_s, sbase + f * 16u, SST, false);
+    if (subgroupAny(moved)) {  // O = alpha O, a fragment at a time through this subgroup's score area
+      [[unroll]] for (uint f = 0; f < FD; ++f) {
+        subgroup_sync();
+        coopMatStoreNV(oacc[f], s_s, sbase, FST, false);
+        subgroup_sync();
+        [[unroll]] for (uint i = 0; i < 8u; ++i) s_s[sbase + lr * FST + half_ * 8u + i] *= alpha;
+        subgroup_sync();
+        coopMatLoadNV(oacc[f], s_s, sbase, FST, false);
+      }
     }
     subgroup_sync();
 
@@ -133,15 +148,17 @@ void main() {
     }
   }
 
-  subgroup_sync();
-  [[unroll]] for (uint f = 0; f < FD; ++f) coopMatStoreNV(oacc[f], s_s, sbase + f * 16u, SST, false);
-  subgroup_sync();
-  if (row_ok) {
-    float inv = l > 0.0 ? 1.0 / l : 0.0;  // a row that saw no key outputs 0
-    float o[HALF];
-    [[unroll]] for (uint i = 0; i < HALF; ++i) o[i] = s_s[sbase + lr * SST + half_ * HALF + i] * inv;
-    Y_store_half(dt(4), p.y_off + bth(b, t, kv * G + row % G, p.H, p.T) + half_ * HALF, half_ * HALF, o);
-    if (half_ == 0u)
-      ST_F32(LSE, p.lse_off + bht(b, kv * G + row % G, t), l > 0.0 ? m + log(l) : NEG_INF);
+  // O / l, a fragment at a time: lane (row lr, dims f 16 + half 8 ..) writes 8 values.
+  const float inv = l > 0.0 ? 1.0 / l : 0.0;  // a row that saw no key outputs 0
+  const uint at = bth(b, t, kv * G + row % G, p.H, p.T);
+  [[unroll]] for (uint f = 0; f < FD; ++f) {
+    subgroup_sync();
+    coopMatStoreNV(oacc[f], s_s, sbase, FST, false);
+    subgroup_sync();
+    float o[8];
+    [[unroll]] for (uint i = 0; i < 8u; ++i) o[i] = s_s[sbase + lr * FST + half_ * 8u + i] * inv;
+    if (row_ok) Y_store8(dt(4), p.y_off + at + f * 16u + half_ * 8u, f * 16u + half_ * 8u, o);
   }
+  if (row_ok && half_ == 0u)
+    ST_F32(LSE, p.lse_off + bht(b, kv * G + row % G, t), l > 0.0 ? m + log(l) : NEG_INF);
 }

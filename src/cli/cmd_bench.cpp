@@ -187,9 +187,10 @@ Result bench_mem(const MemOp& op, int64_t rows, int64_t cols, Device dev, int re
 struct AttentionShape {
   int64_t B, T, H, KV, D;
   bool fused, backward;  // flash_attention or attention_reference; forward only or forward + backward
+  bool causal = true;
 };
 
-// --attention-shapes entries BxTxHxKVxD (H a multiple of KV).
+// --attention-shapes entries BxTxHxKVxD[:full] (H a multiple of KV; full: no causal mask).
 std::vector<AttentionShape> parse_attention_shapes(const std::string& list) {
   std::vector<AttentionShape> s;
   std::string rest = list;
@@ -199,10 +200,13 @@ std::vector<AttentionShape> parse_attention_shapes(const std::string& list) {
     rest = comma == std::string::npos ? "" : rest.substr(comma + 1);
     long long b, t, h, kv, d;
     char extra;
+    const bool full = one.size() > 5 && one.substr(one.size() - 5) == ":full";
+    if (full) one.resize(one.size() - 5);
     if (std::sscanf(one.c_str(), "%lldx%lldx%lldx%lldx%lld%c", &b, &t, &h, &kv, &d, &extra) != 5 || b <= 0 ||
         t <= 0 || h <= 0 || kv <= 0 || d <= 0 || h % kv != 0)
-      throw ConfigError("bench: bad --attention-shapes entry '" + one + "' (expected BxTxHxKVxD, H a multiple of KV)");
-    s.push_back({b, t, h, kv, d, true, false});
+      throw ConfigError("bench: bad --attention-shapes entry '" + one +
+                        "' (expected BxTxHxKVxD[:full], H a multiple of KV)");
+    s.push_back({b, t, h, kv, d, true, false, !full});
   }
   return s;
 }
@@ -217,16 +221,16 @@ std::vector<AttentionShape> attention_shapes(const BenchOptions& o, bool small) 
   for (const auto& b : base)
     for (bool fused : {true, false})
       if (fused || o.attention.empty())
-      for (bool backward : {false, true}) s.push_back({b.B, b.T, b.H, b.KV, b.D, fused, backward});
+      for (bool backward : {false, true}) s.push_back({b.B, b.T, b.H, b.KV, b.D, fused, backward, b.causal});
   return s;
 }
 
 std::string attention_label(const AttentionShape& a) {
   return "B" + std::to_string(a.B) + " T" + std::to_string(a.T) + " H" + std::to_string(a.H) + "/" +
-         std::to_string(a.KV) + " D" + std::to_string(a.D) + (a.backward ? " f+b" : " fwd");
+         std::to_string(a.KV) + " D" + std::to_string(a.D) + (a.causal ? "" : " full") + (a.backward ? " f+b" : " fwd");
 }
 
-// Causal bf16 attention. FLOPs counted as 4 B H T S D for the forward pass, halved for causal, and 3.5 times that
+// bf16 attention, causal unless asked. FLOPs counted as 4 B H T S D for the forward pass, halved for causal, and 3.5 times that
 // for forward + backward (the backward's five T x S x D products), whatever the kernels recompute.
 Result bench_attention(const AttentionShape& a, Device dev, int reps) {
   Result r;
@@ -240,6 +244,7 @@ Result bench_attention(const AttentionShape& a, Device dev, int reps) {
   Tensor v = Tensor::randn({a.B, a.T, a.KV, a.D}, 8, 1.0f, DType::bf16, dev);
   Tensor d_o = Tensor::randn({a.B, a.T, a.H, a.D}, 9, 1.0f, DType::bf16, dev);
   ops::AttentionOptions opt;
+  opt.causal = a.causal;
   auto attend = [&](const std::vector<Tensor>& in) {
     return std::vector<Tensor>{a.fused ? ops::flash_attention(in[0], in[1], in[2], opt).first
                                        : ops::attention_reference(in[0], in[1], in[2], opt)};
@@ -251,7 +256,7 @@ Result bench_attention(const AttentionShape& a, Device dev, int reps) {
     r.ms = time_op([&] { return attend({q, k, v})[0]; }, dev, reps, g_timing);
   }
   if (a.fused && dev.is_vulkan()) r.kernel += " " + vk::last_flash_kernel();
-  double fwd = 4.0 * double(a.B * a.H) * double(a.T) * double(a.T) * double(a.D) / 2;
+  double fwd = 4.0 * double(a.B * a.H) * double(a.T) * double(a.T) * double(a.D) / (a.causal ? 2 : 1);
   r.rate = (a.backward ? 3.5 * fwd : fwd) / (r.ms * 1e-3) / 1e12;
   return r;
 }
@@ -351,7 +356,7 @@ void add_bench_command(CLI::App& app, const std::string& device) {
   ops_cmd->add_flag("--json", o->json, "One JSON object per line");
   ops_cmd->add_option("--sizes", o->sizes, "auto | small | full (auto: small on CPU devices)");
   ops_cmd->add_option("--shapes", o->shapes, "Matmul shapes MxNxK[:dtype][:nt|:tn|:tt][,...] (f16 and f32 unless a dtype is given; t: that operand transposed)");
-  ops_cmd->add_option("--attention-shapes", o->attention, "Attention shapes BxTxHxKVxD[,...] (batch, tokens, query heads, kv heads, head dim; causal bf16)");
+  ops_cmd->add_option("--attention-shapes", o->attention, "Attention shapes BxTxHxKVxD[,...] (batch, tokens, query heads, kv heads, head dim; bf16, causal unless :full)");
   ops_cmd->add_option("--ops", o->only, "Comma list of ops to run (matmul,attention,add,mul,silu,copy,cast,rms_norm,softmax,sum)");
   ops_cmd->add_option("--reps", o->reps, "Timed repetitions per op (median)")->check(CLI::Range(1, 1000));
   ops_cmd->add_option("--warmup", o->warmup_s, "Seconds of warm-up per op (default 1)")->check(CLI::Range(0.0, 60.0));

@@ -204,8 +204,8 @@ void FlashAttention::eval_vulkan(const std::vector<Tensor>& ins, std::vector<Ten
   FlashPush f = make_push(p, q, k, v, masks);
   const uint32_t batch = u32(p.B, "batch");
   auto [docs, keys] = mask_bindings(p, masks, q);
-  if (use_coopmat(ctx, p, q.dtype())) {  // 64 rows per workgroup, no key-range splits
-    const uint32_t blocks = ceil_div(uint64_t(p.T * p.G()), 64);
+  if (use_coopmat(ctx, p, q.dtype())) {  // 128 rows per workgroup, no key-range splits
+    const uint32_t blocks = ceil_div(uint64_t(p.T * p.G()), 128);
     check_grid(blocks, "query");
     f.flags |= rows_of_8(f, false) ? 8u : 0u;
     f.lse_off = elem_offset(lse);
