@@ -1,40 +1,43 @@
 #version 450
 // Fused attention backward, dK and dV, on tensor cores (the contract of flash_attention_bwd_dkdv.comp): one
-// workgroup per (block of 64 keys, kv head, batch), a subgroup per 16 keys holding its K and V rows as f16
-// fragments (transposed, see flash_attention_cm.glsl). Per block of BR rows (all G query heads of the kv head) staged in shared memory, it works on the
-// transposed problem: S^T = K Q^T and dP^T = V dO^T on the tensor cores, P^T = exp(S^T - LSE) and
-// dS^T = scale P^T (dP^T - delta) on the lanes (rounded to f16), then dV += P^T dO and dK += dS^T Q into f32
-// accumulators. One writer per element: no atomics. Where few workgroups would run (GQA: T * G rows per kv head
-// but only S / 64 key blocks), each one's row range is cut into p.splits parts, one workgroup each (grid z =
-// batch * splits); each writes f32 partial dK, dV and flash_attention_bwd_sum.comp adds them up. Layout
-// conventions in flash_attention_cm.glsl.
+// workgroup of 8 subgroups per (block of 128 keys, kv head, batch), a subgroup per 16 keys holding its K and V
+// rows as f16 fragments (transposed, see flash_attention_cm.glsl). Per block of BR rows (all G query heads of the
+// kv head) staged in shared memory, it works on the transposed problem, one product at a time through the
+// subgroup's f32 area: S^T = K Q^T, P^T = exp(S^T - LSE) on the lanes (rounded to f16), dV += P^T dO; then
+// dP^T = V dO^T, dS^T = scale P^T (dP^T - delta) on the lanes, dK += dS^T Q, into f32 accumulators. One writer
+// per element: no atomics. Where few workgroups would run (GQA: T * G rows per kv head but only S / 128 key
+// blocks), each one's row range is cut into p.splits parts, one workgroup each (grid z = batch * splits); each
+// writes f32 partial dK, dV and flash_attention_bwd_sum.comp adds them up. 8 subgroups for the reason given in
+// flash_attention_fwd_cm.comp. Layout conventions in flash_attention_cm.glsl.
+#define FLASH_WG 256
 #include "flash_attention_cm.glsl"
 
 const uint BR = 32u;                      // rows per block
 const uint BC = NSG * 16u;                // keys per workgroup
-const uint SST = BR + 4u;                 // f32 stride of a subgroup's S^T and dP^T
-const uint SSZ = max(2u * 16u * SST, 16u * (DMAX + 4u));  // a subgroup's f32 area: S^T, dP^T; at the end dK, dV
-const uint PST = (BR + 8u) / 8u;          // uvec4 stride of P^T and dS^T
-const uint HC = BR / 2u;
-const uint NCH = BR * (DMAX / 8u) / WG;   // 8-element chunks per invocation of a Q or dO tile (2 NCH: K, V)
+const uint SST = BR + 4u;                 // f32 stride of a subgroup's S^T, then dP^T
+const uint FST = 20u;                     // f32 stride of a subgroup's 16x16 dK / dV fragment (same area)
+const uint PST = (BR + 8u) / 8u;          // uvec4 stride of P^T, then dS^T
+const uint HC = BR / 2u;                  // row columns per lane
+const uint NCH = BR * (DMAX / 8u) / WG;   // 8-element chunks per invocation of a Q or dO tile
+const uint KPASS = BC / (2u * BR);        // K (then V) staged through the Q/dO tile in passes of 2 BR rows
 
-shared uvec4 qo_s[2u * BR * DS];  // Q rows, then dO rows (K and V, 64 rows each, at the start)
-shared float s_s[NSG * SSZ];
-shared uvec4 pd_s[NSG * 2u * 16u * PST];  // per subgroup: P^T, then dS^T
+shared uvec4 qo_s[2u * BR * DS];  // Q rows, then dO rows (K and V rows at the start)
+shared float s_s[NSG * 16u * SST];
+shared uvec4 pd_s[NSG * 16u * PST];
 shared bool row_ok[BR];
 shared int row_qpos[BR], row_doc[BR];
 shared float row_lse[BR], row_delta[BR];
 
-// Writes a subgroup's accumulators ACC as f32 rows through its shared area (lane: key lr, dims of its half) to
+// Writes a subgroup's accumulators ACC a fragment at a time through its shared area (lane: key lr, 8 dims) to
 // tensor T (dtype field F, element offset OFF).
 #define STORE_ROWS(ACC, T, F, OFF)                                                                   \
-  subgroup_sync();                                                                                  \
-  [[unroll]] for (uint f = 0; f < FD; ++f) coopMatStoreNV(ACC[f], s_s, sbase + f * 16u, DMAX + 4u, false); \
-  subgroup_sync();                                                                                  \
-  if (j < p.S) {                                                                                    \
-    float g[HALF];                                                                                  \
-    [[unroll]] for (uint i = 0; i < HALF; ++i) g[i] = s_s[sbase + lr * (DMAX + 4u) + half_ * HALF + i]; \
-    T##_store_half(dt(F), OFF + bth(b, j, kv, p.KV, p.S) + half_ * HALF, half_ * HALF, g);          \
+  [[unroll]] for (uint f = 0; f < FD; ++f) {                                                        \
+    subgroup_sync();                                                                                \
+    coopMatStoreNV(ACC[f], s_s, sbase, FST, false);                                                 \
+    subgroup_sync();                                                                                \
+    float g[8];                                                                                     \
+    [[unroll]] for (uint i = 0; i < 8u; ++i) g[i] = s_s[sbase + lr * FST + half_ * 8u + i];          \
+    if (j < p.S) T##_store8(dt(F), (OFF) + bth(b, j, kv, p.KV, p.S) + f * 16u + half_ * 8u, f * 16u + half_ * 8u, g); \
   }
 
 void main() {
@@ -44,22 +47,29 @@ void main() {
   const uint G = p.H / p.KV;
   const uint lr = lane % 16u, half_ = lane / 16u;
 
-  // K, then V rows into fragments, through the Q/dO tile (2 BR == BC rows).
+  // K, then V rows into fragments, 2 BR rows (the subgroups that own them) per pass through the Q/dO tile.
   F16M kt[FD], vt[FD];  // K^T and V^T, the B operands of S = Q K^T and dP = dO V^T
-  uvec4 wq[2u * NCH], wo[2u * NCH];  // K and V chunks here, Q and dO chunks in the loop
-  LOAD_CHUNKS(2u * NCH, wq, K, 1, j0 + r < p.S, k_at(b, min(j0 + r, p.S - 1u), kv, d0))
-  LOAD_CHUNKS(2u * NCH, wo, V, 2, j0 + r < p.S, v_at(b, min(j0 + r, p.S - 1u), kv, d0))
-  for (uint pass = 0; pass < 2u; ++pass) {
-    if (pass == 0u) {
-      STORE_CHUNKS(2u * NCH, wq, 1, qo_s, 0u, j0 + r < p.S)
+  uvec4 wq[NCH], wo[NCH];
+  for (uint pass = 0; pass < 2u * KPASS; ++pass) {
+    const uint k0 = j0 + (pass % KPASS) * 2u * BR;
+    if (pass < KPASS) {
+      LOAD_CHUNKS(NCH, wq, K, 1, k0 + r < p.S, k_at(b, min(k0 + r, p.S - 1u), kv, d0))
+      LOAD_CHUNKS(NCH, wo, K, 1, k0 + BR + r < p.S, k_at(b, min(k0 + BR + r, p.S - 1u), kv, d0))
     } else {
-      barrier();
-      STORE_CHUNKS(2u * NCH, wo, 2, qo_s, 0u, j0 + r < p.S)
+      LOAD_CHUNKS(NCH, wq, V, 2, k0 + r < p.S, v_at(b, min(k0 + r, p.S - 1u), kv, d0))
+      LOAD_CHUNKS(NCH, wo, V, 2, k0 + BR + r < p.S, v_at(b, min(k0 + BR + r, p.S - 1u), kv, d0))
     }
+    if (pass > 0u) barrier();
+    const uint f_dt = pass < KPASS ? 1u : 2u;
+    STORE_CHUNKS(NCH, wq, f_dt, qo_s, 0u, k0 + r < p.S)
+    STORE_CHUNKS(NCH, wo, f_dt, qo_s, BR * DS, k0 + BR + r < p.S)
     barrier();
-    [[unroll]] for (uint f = 0; f < FD; ++f) {
-      if (pass == 0u) coopMatLoadNV(kt[f], qo_s, sg * 16u * DS + f * 2u, DS, true);
-      else coopMatLoadNV(vt[f], qo_s, sg * 16u * DS + f * 2u, DS, true);
+    if (sg / (2u * BR / 16u) == pass % KPASS) {
+      const uint at = (sg % (2u * BR / 16u)) * 16u * DS;
+      [[unroll]] for (uint f = 0; f < FD; ++f) {
+        if (pass < KPASS) coopMatLoadNV(kt[f], qo_s, at + f * 2u, DS, true);
+        else coopMatLoadNV(vt[f], qo_s, at + f * 2u, DS, true);
+      }
     }
   }
 
@@ -73,7 +83,7 @@ void main() {
   const uint row_begin = min(uint(queries.x) * G + split * chunk, row_end);
   const uint split_end = min(row_end, row_begin + chunk);
   const uint out_shift = split * (gl_NumWorkGroups.z / p.splits) * p.S * p.KV * p.D;
-  const uint sbase = sg * SSZ, dbase = sbase + 16u * SST, pbase = sg * 32u * PST, dsbase = pbase + 16u * PST;
+  const uint sbase = sg * 16u * SST, pbase = sg * 16u * PST;
   F32M dk[FD], dv[FD];
   [[unroll]] for (uint f = 0; f < FD; ++f) dk[f] = dv[f] = F32M(0.0);
 
@@ -82,74 +92,99 @@ void main() {
 #define ROW_H (kv * G + min(r0 + r, row_end - 1u) % G)
     LOAD_CHUNKS(NCH, wq, Q, 0, r0 + r < row_end, q_at(b, ROW_T, ROW_H, d0))
     LOAD_CHUNKS(NCH, wo, X, 3, r0 + r < row_end, x_at(b, ROW_T, ROW_H, d0))
-    const uint own = min(r0 + tid % BR, row_end - 1u), own_t = own / G, own_h = kv * G + own % G;
-    const float lse = LD_F32(LSE, p.lse_off + bht(b, own_h, own_t));
-    const float delta = LD_F32(DELTA, p.delta_off + bht(b, own_h, own_t));
+    // Row data: a row per lane of subgroup 0 (BR == 32).
+    const uint own = min(r0 + lane, row_end - 1u), own_t = own / G, own_h = kv * G + own % G;
+    const float own_lse = LD_F32(LSE, p.lse_off + bht(b, own_h, own_t));
+    const float own_delta = LD_F32(DELTA, p.delta_off + bht(b, own_h, own_t));
     const int own_doc = doc_of(b, own_t);
     barrier();
     STORE_CHUNKS(NCH, wq, 0, qo_s, 0u, r0 + r < row_end)
     STORE_CHUNKS(NCH, wo, 3, qo_s, BR * DS, r0 + r < row_end)
-    if (tid < BR) {
-      row_ok[tid] = r0 + tid < row_end;
-      row_qpos[tid] = int(own_t) + p.q_offset;
-      row_doc[tid] = own_doc;
-      row_lse[tid] = lse;
-      row_delta[tid] = delta;
-    }
-    if (sg == 0u) {  // BR == 32: one subgroup votes on the block's rows
-      uint row = r0 + lane;
-      vote(0u, row < row_end, doc_of(b, min(row, row_end - 1u) / G));
+    if (sg == 0u) {
+      row_ok[lane] = r0 + lane < row_end;
+      row_qpos[lane] = int(own_t) + p.q_offset;
+      row_doc[lane] = own_doc;
+      row_lse[lane] = own_lse;
+      row_delta[lane] = own_delta;
+      vote(0u, r0 + lane < row_end, own_doc);
     }
     barrier();
     int rows_doc;
     const bool rows_plain = voted(1u, rows_doc);
-
-    // S^T = K Q^T and dP^T = V dO^T for this subgroup's 16 keys, as S = Q K^T and dP = dO V^T stored transposed
-    // (row-major Q, dO loads).
-    [[unroll]] for (uint nb = 0; nb < BR / 16u; ++nb) {
-      F32M s = F32M(0.0), dp = F32M(0.0);
-      [[unroll]] for (uint f = 0; f < FD; ++f) {
-        F16M qa, oa;
-        coopMatLoadNV(qa, qo_s, nb * 16u * DS + f * 2u, DS, false);
-        coopMatLoadNV(oa, qo_s, (BR + nb * 16u) * DS + f * 2u, DS, false);
-        s = coopMatMulAddNV(qa, kt[f], s);
-        dp = coopMatMulAddNV(oa, vt[f], dp);
-      }
-      coopMatStoreNV(s, s_s, sbase + nb * 16u, SST, true);
-      coopMatStoreNV(dp, s_s, dbase + nb * 16u, SST, true);
-    }
-    subgroup_sync();
-
     const bool whole = rows_plain && key_ok && key_doc == rows_doc &&
                        bounds_clear(int(j), int(j), int(r0 / G) + p.q_offset, int((r0 + BR - 1u) / G) + p.q_offset);
+
+    // S = Q K^T stored transposed (S^T: this subgroup's keys by the block's rows); P^T on the lanes.
+    [[unroll]] for (uint nb = 0; nb < BR / 16u; ++nb) {
+      F32M acc = F32M(0.0);
+      [[unroll]] for (uint f = 0; f < FD; ++f) {
+        F16M qa;
+        coopMatLoadNV(qa, qo_s, nb * 16u * DS + f * 2u, DS, false);
+        acc = coopMatMulAddNV(qa, kt[f], acc);
+      }
+      coopMatStoreNV(acc, s_s, sbase + nb * 16u, SST, true);
+    }
+    subgroup_sync();
+    float x[HC], pr[HC];
+    uint vis = 0u;
+    [[unroll]] for (uint i = 0; i < HC; ++i) {
+      uint c = half_ * HC + i;
+      x[i] = capped(s_s[sbase + lr * SST + c]);
+      pr[i] = 0.0;
+      if (whole || visible(row_ok[c], row_qpos[c], row_doc[c], key_ok, int(j), key_doc)) {
+        pr[i] = exp(x[i] - row_lse[c]);
+        vis |= 1u << i;
+      }
+    }
+    [[unroll]] for (uint i = 0; i < HC; i += 8u)
+      pd_s[pbase + lr * PST + (half_ * HC + i) / 8u] =
+          f16x8_of(vec4(pr[i], pr[i + 1u], pr[i + 2u], pr[i + 3u]), vec4(pr[i + 4u], pr[i + 5u], pr[i + 6u], pr[i + 7u]));
+    subgroup_sync();
+
+    // dV += P^T dO.
+    [[unroll]] for (uint kb = 0; kb < BR / 16u; ++kb) {
+      F16M pa;
+      coopMatLoadNV(pa, pd_s, pbase + kb * 2u, PST, false);
+      [[unroll]] for (uint f = 0; f < FD; ++f) {
+        F16M orow;
+        coopMatLoadNV(orow, qo_s, (BR + kb * 16u) * DS + f * 2u, DS, false);
+        dv[f] = coopMatMulAddNV(pa, orow, dv[f]);
+      }
+    }
+
+    // dP = dO V^T stored transposed into the same area; dS^T on the lanes, over P^T.
+    [[unroll]] for (uint nb = 0; nb < BR / 16u; ++nb) {
+      F32M acc = F32M(0.0);
+      [[unroll]] for (uint f = 0; f < FD; ++f) {
+        F16M oa;
+        coopMatLoadNV(oa, qo_s, (BR + nb * 16u) * DS + f * 2u, DS, false);
+        acc = coopMatMulAddNV(oa, vt[f], acc);
+      }
+      coopMatStoreNV(acc, s_s, sbase + nb * 16u, SST, true);
+    }
+    subgroup_sync();
     [[unroll]] for (uint i = 0; i < HC; i += 8u) {
-      float pr[8], ds[8];
+      float ds[8];
       [[unroll]] for (uint e = 0; e < 8u; ++e) {
         uint c = half_ * HC + i + e;
-        pr[e] = ds[e] = 0.0;
-        if (whole || visible(row_ok[c], row_qpos[c], row_doc[c], key_ok, int(j), key_doc)) {
-          float x = capped(s_s[sbase + lr * SST + c]);
-          pr[e] = exp(x - row_lse[c]);
-          float g = pr[e] * (s_s[dbase + lr * SST + c] - row_delta[c]);
-          if (p.softcap > 0.0) g *= 1.0 - (x / p.softcap) * (x / p.softcap);
+        ds[e] = 0.0;
+        if ((vis & (1u << (i + e))) != 0u) {
+          float g = pr[i + e] * (s_s[sbase + lr * SST + c] - row_delta[c]);
+          if (p.softcap > 0.0) g *= 1.0 - (x[i + e] / p.softcap) * (x[i + e] / p.softcap);
           ds[e] = g * p.scale;
         }
       }
-      pd_s[pbase + lr * PST + (half_ * HC + i) / 8u] = pack8(pr);
-      pd_s[dsbase + lr * PST + (half_ * HC + i) / 8u] = pack8(ds);
+      pd_s[pbase + lr * PST + (half_ * HC + i) / 8u] = pack8(ds);
     }
     subgroup_sync();
 
-    // dV += P^T dO, dK += dS^T Q.
+    // dK += dS^T Q.
     [[unroll]] for (uint kb = 0; kb < BR / 16u; ++kb) {
-      F16M pa, da;
-      coopMatLoadNV(pa, pd_s, pbase + kb * 2u, PST, false);
-      coopMatLoadNV(da, pd_s, dsbase + kb * 2u, PST, false);
+      F16M da;
+      coopMatLoadNV(da, pd_s, pbase + kb * 2u, PST, false);
       [[unroll]] for (uint f = 0; f < FD; ++f) {
-        F16M qr, orow;
-        coopMatLoadNV(orow, qo_s, (BR + kb * 16u) * DS + f * 2u, DS, false);
+        F16M qr;
         coopMatLoadNV(qr, qo_s, kb * 16u * DS + f * 2u, DS, false);
-        dv[f] = coopMatMulAddNV(pa, orow, dv[f]);
         dk[f] = coopMatMulAddNV(da, qr, dk[f]);
       }
     }

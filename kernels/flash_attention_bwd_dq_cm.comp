@@ -1,21 +1,24 @@
 #version 450
-// Fused attention backward, dQ, on tensor cores (the contract of flash_attention_bwd_dq.comp): one workgroup per
-// (block of 64 rows, kv head, batch), a subgroup per 16 rows holding its Q and dO rows as f16 fragments
-// (transposed, see flash_attention_cm.glsl). Per block of BC keys: S = Q K^T and dP = dO V^T on the tensor cores, dS = scale P (dP - delta) on the lanes (times
-// 1 - tanh^2 where soft-capped; rounded to f16), dQ += dS K into f32 accumulators. Layout conventions in
-// flash_attention_cm.glsl.
+// Fused attention backward, dQ, on tensor cores (the contract of flash_attention_bwd_dq.comp): one workgroup of 8
+// subgroups per (block of 128 rows, kv head, batch), a subgroup per 16 rows holding its Q and dO rows as f16
+// fragments (transposed, see flash_attention_cm.glsl). Per block of BC keys: S = Q K^T, then dP = dO V^T on the
+// tensor cores (one after the other through the subgroup's f32 area), dS = scale P (dP - delta) on the lanes
+// (times 1 - tanh^2 where soft-capped; rounded to f16), dQ += dS K into f32 accumulators. 8 subgroups and
+// 32-key tiles for the reason given in flash_attention_fwd_cm.comp. Layout conventions in flash_attention_cm.glsl.
+#define FLASH_WG 256
 #include "flash_attention_cm.glsl"
 
 const uint BC = 32u;                      // keys per block
 const uint BR = NSG * 16u;                // rows per workgroup
-const uint SST = BC + 4u;                 // f32 stride of a subgroup's S and dP
-const uint SSZ = max(2u * 16u * SST, 16u * (DMAX + 4u));  // a subgroup's f32 area: S, dP; at the end dQ
+const uint SST = BC + 4u;                 // f32 stride of a subgroup's S, then dP
+const uint FST = 20u;                     // f32 stride of a subgroup's 16x16 dQ fragment (same area)
 const uint PST = (BC + 8u) / 8u;          // uvec4 stride of dS
-const uint HC = BC / 2u;
-const uint NCH = BC * (DMAX / 8u) / WG;   // 8-element chunks per invocation of a K or V tile (2 NCH: Q, dO)
+const uint HC = BC / 2u;                  // score columns per lane
+const uint NCH = BC * (DMAX / 8u) / WG;   // 8-element chunks per invocation of a K or V tile
+const uint QPASS = BR / (2u * BC);        // Q (then dO) staged through the K/V tile in passes of 2 BC rows
 
-shared uvec4 kv_s[2u * BC * DS];  // K rows, then V rows (Q and dO, 64 rows each, at the start)
-shared float s_s[NSG * SSZ];
+shared uvec4 kv_s[2u * BC * DS];  // K rows, then V rows (Q and dO rows at the start)
+shared float s_s[NSG * 16u * SST];
 shared uvec4 ds_s[NSG * 16u * PST];
 shared bool key_ok[BC];
 shared int key_doc[BC];
@@ -27,24 +30,31 @@ void main() {
   const uint G = p.H / p.KV, rows = p.T * G;
   const uint lr = lane % 16u, half_ = lane / 16u;
 
-  // Q, then dO rows into fragments, through the K/V tile (2 BC == BR rows).
+  // Q, then dO rows into fragments, 2 BC rows (the subgroups that own them) per pass through the K/V tile.
   F16M qt[FD], ot[FD];  // Q^T and dO^T, the B operands of S^T = K Q^T and dP^T = V dO^T
-  uvec4 wk[2u * NCH], wv[2u * NCH];  // Q and dO chunks here, K and V chunks in the loop
-#define ROW_T (min(r0 + r, rows - 1u) / G)
-#define ROW_H (kv * G + min(r0 + r, rows - 1u) % G)
-  LOAD_CHUNKS(2u * NCH, wk, Q, 0, r0 + r < rows, q_at(b, ROW_T, ROW_H, d0))
-  LOAD_CHUNKS(2u * NCH, wv, X, 3, r0 + r < rows, x_at(b, ROW_T, ROW_H, d0))
-  for (uint pass = 0; pass < 2u; ++pass) {
-    if (pass == 0u) {
-      STORE_CHUNKS(2u * NCH, wk, 0, kv_s, 0u, r0 + r < rows)
+  uvec4 wk[NCH], wv[NCH];
+#define ROW_T(R0) (min((R0) + r, rows - 1u) / G)
+#define ROW_H(R0) (kv * G + min((R0) + r, rows - 1u) % G)
+  for (uint pass = 0; pass < 2u * QPASS; ++pass) {
+    const uint q0 = r0 + (pass % QPASS) * 2u * BC;
+    if (pass < QPASS) {
+      LOAD_CHUNKS(NCH, wk, Q, 0, q0 + r < rows, q_at(b, ROW_T(q0), ROW_H(q0), d0))
+      LOAD_CHUNKS(NCH, wv, Q, 0, q0 + BC + r < rows, q_at(b, ROW_T(q0 + BC), ROW_H(q0 + BC), d0))
     } else {
-      barrier();
-      STORE_CHUNKS(2u * NCH, wv, 3, kv_s, 0u, r0 + r < rows)
+      LOAD_CHUNKS(NCH, wk, X, 3, q0 + r < rows, x_at(b, ROW_T(q0), ROW_H(q0), d0))
+      LOAD_CHUNKS(NCH, wv, X, 3, q0 + BC + r < rows, x_at(b, ROW_T(q0 + BC), ROW_H(q0 + BC), d0))
     }
+    if (pass > 0u) barrier();
+    const uint f_dt = pass < QPASS ? 0u : 3u;
+    STORE_CHUNKS(NCH, wk, f_dt, kv_s, 0u, q0 + r < rows)
+    STORE_CHUNKS(NCH, wv, f_dt, kv_s, BC * DS, q0 + BC + r < rows)
     barrier();
-    [[unroll]] for (uint f = 0; f < FD; ++f) {
-      if (pass == 0u) coopMatLoadNV(qt[f], kv_s, sg * 16u * DS + f * 2u, DS, true);
-      else coopMatLoadNV(ot[f], kv_s, sg * 16u * DS + f * 2u, DS, true);
+    if (sg / (2u * BC / 16u) == pass % QPASS) {
+      const uint at = (sg % (2u * BC / 16u)) * 16u * DS;
+      [[unroll]] for (uint f = 0; f < FD; ++f) {
+        if (pass < QPASS) coopMatLoadNV(qt[f], kv_s, at + f * 2u, DS, true);
+        else coopMatLoadNV(ot[f], kv_s, at + f * 2u, DS, true);
+      }
     }
   }
 
@@ -54,54 +64,65 @@ void main() {
   const int qpos = int(t) + p.q_offset, doc = doc_of(b, t);
   const float lse = LD_F32(LSE, p.lse_off + bht(b, h, t)), delta = LD_F32(DELTA, p.delta_off + bht(b, h, t));
   const ivec2 keys = key_range(r0 / G, (min(r0 + BR, rows) - 1u) / G);
-  const uint sbase = sg * SSZ, dbase = sbase + 16u * SST, pbase = sg * 16u * PST;
+  const uint sbase = sg * 16u * SST, pbase = sg * 16u * PST;
   F32M dq[FD];
   [[unroll]] for (uint f = 0; f < FD; ++f) dq[f] = F32M(0.0);
 
   for (int jb = keys.x; jb < keys.y; jb += int(BC)) {
     LOAD_CHUNKS(NCH, wk, K, 1, uint(jb) + r < p.S, k_at(b, min(uint(jb) + r, p.S - 1u), kv, d0))
     LOAD_CHUNKS(NCH, wv, V, 2, uint(jb) + r < p.S, v_at(b, min(uint(jb) + r, p.S - 1u), kv, d0))
+    const uint kj = uint(jb) + lane;  // a key flag per lane of subgroup 0 (BC == 32)
+    const bool key_in = int(kj) < keys.y && key_usable(b, kj);
+    const int kdoc = kj < p.S ? doc_of(b, kj) : 0;
     barrier();
     STORE_CHUNKS(NCH, wk, 1, kv_s, 0u, uint(jb) + r < p.S)
     STORE_CHUNKS(NCH, wv, 2, kv_s, BC * DS, uint(jb) + r < p.S)
-    if (sg < BC / 32u) {
-      uint c = sg * 32u + lane, j = uint(jb) + c;
-      bool ok = int(j) < keys.y && key_usable(b, j);
-      int d = j < p.S ? doc_of(b, j) : 0;
-      key_ok[c] = ok;
-      key_doc[c] = d;
-      vote(sg, ok, d);
+    if (sg == 0u) {
+      key_ok[lane] = key_in;
+      key_doc[lane] = kdoc;
+      vote(0u, key_in, kdoc);
     }
     barrier();
     int block_doc;
-    const bool keys_plain = voted(BC / 32u, block_doc);
+    const bool keys_plain = voted(1u, block_doc);
+    const bool whole = row_ok && keys_plain && doc == block_doc && bounds_clear(jb, jb + int(BC) - 1, qpos, qpos);
 
-    // S = Q K^T and dP = dO V^T, as S^T = K Q^T and dP^T = V dO^T stored transposed (row-major K, V loads).
+    // S = Q K^T as S^T = K Q^T stored transposed (row-major K loads); this lane's half row into registers.
     [[unroll]] for (uint nb = 0; nb < BC / 16u; ++nb) {
-      F32M s = F32M(0.0), dp = F32M(0.0);
+      F32M acc = F32M(0.0);
       [[unroll]] for (uint f = 0; f < FD; ++f) {
-        F16M ka, va;
+        F16M ka;
         coopMatLoadNV(ka, kv_s, nb * 16u * DS + f * 2u, DS, false);
-        coopMatLoadNV(va, kv_s, (BC + nb * 16u) * DS + f * 2u, DS, false);
-        s = coopMatMulAddNV(ka, qt[f], s);
-        dp = coopMatMulAddNV(va, ot[f], dp);
+        acc = coopMatMulAddNV(ka, qt[f], acc);
       }
-      coopMatStoreNV(s, s_s, sbase + nb * 16u, SST, true);
-      coopMatStoreNV(dp, s_s, dbase + nb * 16u, SST, true);
+      coopMatStoreNV(acc, s_s, sbase + nb * 16u, SST, true);
+    }
+    subgroup_sync();
+    float x[HC];
+    [[unroll]] for (uint i = 0; i < HC; ++i) x[i] = capped(s_s[sbase + lr * SST + half_ * HC + i]);
+    subgroup_sync();
+
+    // dP = dO V^T as dP^T = V dO^T, into the same area.
+    [[unroll]] for (uint nb = 0; nb < BC / 16u; ++nb) {
+      F32M acc = F32M(0.0);
+      [[unroll]] for (uint f = 0; f < FD; ++f) {
+        F16M va;
+        coopMatLoadNV(va, kv_s, (BC + nb * 16u) * DS + f * 2u, DS, false);
+        acc = coopMatMulAddNV(va, ot[f], acc);
+      }
+      coopMatStoreNV(acc, s_s, sbase + nb * 16u, SST, true);
     }
     subgroup_sync();
 
-    const bool whole = row_ok && keys_plain && doc == block_doc && bounds_clear(jb, jb + int(BC) - 1, qpos, qpos);
     [[unroll]] for (uint i = 0; i < HC; i += 8u) {
       float ds[8];
       [[unroll]] for (uint e = 0; e < 8u; ++e) {
         uint c = half_ * HC + i + e;
         ds[e] = 0.0;
         if (whole || visible(row_ok, qpos, doc, key_ok[c], jb + int(c), key_doc[c])) {
-          float x = capped(s_s[sbase + lr * SST + c]);
-          float pr = exp(x - lse);
-          float g = pr * (s_s[dbase + lr * SST + c] - delta);
-          if (p.softcap > 0.0) g *= 1.0 - (x / p.softcap) * (x / p.softcap);
+          float pr = exp(x[i + e] - lse);
+          float g = pr * (s_s[sbase + lr * SST + c] - delta);
+          if (p.softcap > 0.0) g *= 1.0 - (x[i + e] / p.softcap) * (x[i + e] / p.softcap);
           ds[e] = g * p.scale;
         }
       }
@@ -121,12 +142,14 @@ void main() {
     }
   }
 
-  subgroup_sync();
-  [[unroll]] for (uint f = 0; f < FD; ++f) coopMatStoreNV(dq[f], s_s, sbase + f * 16u, DMAX + 4u, false);
-  subgroup_sync();
-  if (row_ok) {
-    float g[HALF];
-    [[unroll]] for (uint i = 0; i < HALF; ++i) g[i] = s_s[sbase + lr * (DMAX + 4u) + half_ * HALF + i];
-    Y_store_half(dt(4), p.y_off + bth(b, t, h, p.H, p.T) + half_ * HALF, half_ * HALF, g);
+  // dQ a fragment at a time: lane (row lr, dims f 16 + half 8 ..) writes 8 values.
+  const uint at = bth(b, t, h, p.H, p.T);
+  [[unroll]] for (uint f = 0; f < FD; ++f) {
+    subgroup_sync();
+    coopMatStoreNV(dq[f], s_s, sbase, FST, false);
+    subgroup_sync();
+    float g[8];
+    [[unroll]] for (uint i = 0; i < 8u; ++i) g[i] = s_s[sbase + lr * FST + half_ * 8u + i];
+    if (row_ok) Y_store8(dt(4), p.y_off + at + f * 16u + half_ * 8u, f * 16u + half_ * 8u, g);
   }
 }

@@ -141,6 +141,7 @@ STORE_HALF_FN(9, Z)
     }                                                                                                  \
   }
 STORE8_FN(Y)
+STORE8_FN(Z)
 
 // Chunk c of a [rows][DMAX] tile: its row and first dim, and how many of its 8 dims exist (D <= DMAX).
 void tile_chunk(uint c, out uint r, out uint d0, out uint n) {

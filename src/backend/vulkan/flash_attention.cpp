@@ -44,7 +44,7 @@ uint32_t forward_splits(uint32_t workgroups, uint32_t key_blocks) {
 }
 
 // Row-range splits of the tensor-core dK/dV pass: with grouped-query attention a kv head has T * G rows but
-// only S / 64 key blocks, too few workgroups for a GPU, each walking all rows. Up to 16 parts of at least 8 row
+// only S / 128 key blocks, too few workgroups for a GPU, each walking all rows. Up to 16 parts of at least 8 row
 // blocks each, run by separate workgroups and summed by flash_attention_bwd_sum.
 uint32_t backward_splits(uint32_t workgroups, uint32_t row_blocks) {
   if (workgroups >= 512 || row_blocks < 16) return 1;
@@ -278,7 +278,7 @@ void FlashAttentionBackward::eval_vulkan(const std::vector<Tensor>& ins, std::ve
     fq.y_off = elem_offset(outs[0]);
     fq.dtypes |= uint32_t(outs[0].dtype()) << 16;
     if (cm) fq.flags |= vec_out_flag(fq);
-    const uint32_t br = cm ? 64 : p.D <= 64 ? 32 : p.D <= 128 ? 16 : 8;  // BR of the dQ kernel
+    const uint32_t br = cm ? 128 : p.D <= 64 ? 32 : p.D <= 128 ? 16 : 8;  // BR of the dQ kernel
     const uint32_t blocks = ceil_div(uint64_t(p.T * p.G()), br);
     check_grid(blocks, "query");
     ctx.dispatch(cm ? std::string("flash_attention_bwd_dq_cm_d64") : variant(ctx, "flash_attention_bwd_dq" + cls),
@@ -287,7 +287,7 @@ void FlashAttentionBackward::eval_vulkan(const std::vector<Tensor>& ins, std::ve
   }
   if (outs[1].numel() > 0) {  // dK, dV
     FlashPush fk = f;
-    const uint32_t bc = cm ? 64 : p.D <= 64 ? 32 : p.D <= 128 ? 16 : 8;  // BC of the dK/dV kernel
+    const uint32_t bc = cm ? 128 : p.D <= 64 ? 32 : p.D <= 128 ? 16 : 8;  // BC of the dK/dV kernel
     const uint32_t blocks = ceil_div(uint64_t(p.S), bc);
     check_grid(blocks, "key");
     fk.splits = cm ? backward_splits(blocks * fk.KV * batch, ceil_div(uint64_t(p.T * p.G()), 32)) : 1;
