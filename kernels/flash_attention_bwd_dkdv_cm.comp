@@ -137,8 +137,8 @@ void main() {
       }
     }
     [[unroll]] for (uint i = 0; i < HC; i += 8u)
-      pd_s[pbase + lr * PST + (half_ * HC + i) / 8u] =
-          f16x8_of(vec4(pr[i], pr[i + 1u], pr[i + 2u], pr[i + 3u]), vec4(pr[i + 4u], pr[i + 5u], pr[i + 6u], pr[i + 7u]));
+      pd_s[pbase + lr * PST + (half_ * HC + i) / 8u] = f16x8_of(vec4(pr[i], pr[i + 1u], pr[i + 2u], pr[i + 3u]),
+                                                                 vec4(pr[i + 4u], pr[i + 5u], pr[i + 6u], pr[i + 7u]));
     subgroup_sync();
 
     // dV += P^T dO.

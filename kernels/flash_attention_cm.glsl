@@ -8,9 +8,10 @@
 // operand would be transposed (S = Q K^T) run transposed (S^T = K Q^T, the fixed Q^T fragments loaded once,
 // the result stored column-major), so that no fragment in an inner loop is loaded column-major (one such load
 // per multiply-add cost the forward pass 6%). Scores sit in shared memory as f32 [16][cols + 4]; lane l then
-// handles row l % 16, columns [(l / 16) * cols / 2, +cols / 2) (the row's other half is lane l ^ 16). Operand tiles are f16 [rows][DMAX + 8] (uvec4 = 8 halves per element of
-// the shared arrays). Inputs are read 8 elements at a time where flags bit 8 says every row start is a multiple
-// of 8 elements, else element by element; bf16 and f32 inputs become f16 in the tiles.
+// handles row l % 16, columns [(l / 16) * cols / 2, +cols / 2) (the row's other half is lane l ^ 16). Operand
+// tiles are f16 [rows][DMAX + 8] (uvec4 = 8 halves per element of the shared arrays). Inputs are read 8
+// elements at a time where flags bit 8 says every row start is a multiple of 8 elements, else element by
+// element; bf16 and f32 inputs become f16 in the tiles.
 #ifndef LMTUNE_FLASH_ATTENTION_CM_GLSL
 #define LMTUNE_FLASH_ATTENTION_CM_GLSL
 
@@ -100,33 +101,15 @@ bool raw_chunks(uint dt) { return vec8() && dt != DT_F32; }
     DST[(BASE) + tile_at(tid + i * WG)] = (ROW_OK) && n > 0u ? w : uvec4(0);                            \
   }
 
-// Outputs: a lane writes HALF = DMAX / 2 consecutive dims of one row (its half). Where flags bit 16 says the
-// output offsets and D are multiples of 8 elements, 8 16-bit or 4 f32 values go per 16-byte store (one element
-// per store made a lane's 32 stores touch 32 sectors each), else element by element.
-const uint HALF = DMAX / 2u;
+// Outputs leave a fragment at a time: a lane writes 8 consecutive dims of one row (its half of a 16-wide
+// fragment row). Where flags bit 16 says the output offsets and D are multiples of 8 elements, they go in one
+// 16-byte store (16-bit types) or two (f32), else element by element (one element per store made a lane's stores
+// touch a sector each). v: the values of dims d_first.. (those past D are not written), to tensor T from element
+// e (of dim d_first) on.
 bool vec_out() { return (p.flags & 16u) != 0u; }
 uint encode2(uint dt, float a, float b) { return encode(dt, a) | (encode(dt, b) << 16); }
-// v: the values of dims d_first.. (those past D are not written), to tensor T from element e (of dim d_first) on.
-#define STORE_HALF_FN(B, T)                                                                            \
+#define STORE8_FN(B, T)                                                                                \
   layout(std430, set = 0, binding = B) writeonly buffer T##_bufo { uvec4 T##_o[]; };                   \
-  void T##_store_half(uint dt, uint e, uint d_first, float v[HALF]) {                                  \
-    if (vec_out() && is16(dt)) {                                                                       \
-      [[unroll]] for (uint i = 0; i < HALF; i += 8u)                                                   \
-        if (d_first + i < p.D)                                                                         \
-          T##_o[(e + i) >> 3] = uvec4(encode2(dt, v[i], v[i + 1u]), encode2(dt, v[i + 2u], v[i + 3u]), \
-                                      encode2(dt, v[i + 4u], v[i + 5u]), encode2(dt, v[i + 6u], v[i + 7u])); \
-    } else if (vec_out() && dt == DT_F32) {                                                            \
-      [[unroll]] for (uint i = 0; i < HALF; i += 4u)                                                   \
-        if (d_first + i < p.D) T##_o[(e + i) >> 2] = floatBitsToUint(vec4(v[i], v[i + 1u], v[i + 2u], v[i + 3u])); \
-    } else {                                                                                           \
-      [[unroll]] for (uint i = 0; i < HALF; ++i)                                                       \
-        if (d_first + i < p.D) T##_st(dt, e + i, v[i]);                                                \
-    }                                                                                                  \
-  }
-STORE_HALF_FN(8, Y)
-STORE_HALF_FN(9, Z)
-// The same for 8 consecutive dims (a lane's half of a 16-wide fragment row).
-#define STORE8_FN(T)                                                                                   \
   void T##_store8(uint dt, uint e, uint d_first, float v[8]) {                                         \
     if (d_first >= p.D) return;                                                                        \
     if (vec_out() && is16(dt)) {                                                                       \
@@ -140,8 +123,8 @@ STORE_HALF_FN(9, Z)
         if (d_first + i < p.D) T##_st(dt, e + i, v[i]);                                                \
     }                                                                                                  \
   }
-STORE8_FN(Y)
-STORE8_FN(Z)
+STORE8_FN(8, Y)
+STORE8_FN(9, Z)
 
 // Chunk c of a [rows][DMAX] tile: its row and first dim, and how many of its 8 dims exist (D <= DMAX).
 void tile_chunk(uint c, out uint r, out uint d0, out uint n) {

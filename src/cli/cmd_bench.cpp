@@ -230,8 +230,8 @@ std::string attention_label(const AttentionShape& a) {
          std::to_string(a.KV) + " D" + std::to_string(a.D) + (a.causal ? "" : " full") + (a.backward ? " f+b" : " fwd");
 }
 
-// bf16 attention, causal unless asked. FLOPs counted as 4 B H T S D for the forward pass, halved for causal, and 3.5 times that
-// for forward + backward (the backward's five T x S x D products), whatever the kernels recompute.
+// bf16 attention, causal unless asked. FLOPs counted as 4 B H T S D for the forward pass, halved for causal, and
+// 3.5 times that for forward + backward (the backward's five T x S x D products), whatever the kernels recompute.
 Result bench_attention(const AttentionShape& a, Device dev, int reps) {
   Result r;
   r.op = "attention";

@@ -160,9 +160,6 @@ bool use_coopmat(const Context& ctx, const FlashAttentionParams& p, DType q_dtyp
 
 // Flag 8 of the push block: every row of q, k, v (and dO) starts at a multiple of 8 elements, so the tensor-core
 // kernels read 8 elements at a time.
-// Flags bit 16 of the tensor-core kernels: outputs written 16 bytes at a time (output offsets and D multiples of 8).
-uint32_t vec_out_flag(const FlashPush& f) { return f.D % 8 == 0 && f.y_off % 8 == 0 && f.z_off % 8 == 0 ? 16u : 0u; }
-
 bool rows_of_8(const FlashPush& f, bool with_do) {
   if (f.D % 8 != 0) return false;
   for (uint32_t x : {f.q_off, f.q_sb, f.q_st, f.k_off, f.k_sb, f.k_st, f.v_off, f.v_sb, f.v_st})
@@ -172,6 +169,9 @@ bool rows_of_8(const FlashPush& f, bool with_do) {
       if (x % 8 != 0) return false;
   return true;
 }
+
+// Flag 16 of the tensor-core kernels: outputs written 16 bytes at a time (output offsets and D multiples of 8).
+uint32_t vec_out_flag(const FlashPush& f) { return f.D % 8 == 0 && f.y_off % 8 == 0 && f.z_off % 8 == 0 ? 16u : 0u; }
 
 }  // namespace
 
