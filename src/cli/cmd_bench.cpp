@@ -69,11 +69,7 @@ struct MatmulShape {
 std::vector<MatmulShape> matmul_shapes(const BenchOptions& o, bool small) {
   std::vector<MatmulShape> s;
   if (!o.shapes.empty()) {
-    std::string rest = o.shapes;
-    while (!rest.empty()) {
-      size_t comma = rest.find(',');
-      std::string one = rest.substr(0, comma);
-      rest = comma == std::string::npos ? "" : rest.substr(comma + 1);
+    for (const std::string& one : split_commas(o.shapes)) {
       long long m, n, k;
       char tail[32] = "";
       int got = std::sscanf(one.c_str(), "%lldx%lldx%lld%31s", &m, &n, &k, tail);
@@ -193,11 +189,7 @@ struct AttentionShape {
 // --attention-shapes entries BxTxHxKVxD[:full] (H a multiple of KV; full: no causal mask).
 std::vector<AttentionShape> parse_attention_shapes(const std::string& list) {
   std::vector<AttentionShape> s;
-  std::string rest = list;
-  while (!rest.empty()) {
-    size_t comma = rest.find(',');
-    std::string one = rest.substr(0, comma);
-    rest = comma == std::string::npos ? "" : rest.substr(comma + 1);
+  for (std::string one : split_commas(list)) {
     long long b, t, h, kv, d;
     char extra;
     const bool full = one.size() > 5 && one.substr(one.size() - 5) == ":full";

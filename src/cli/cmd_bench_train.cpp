@@ -55,18 +55,6 @@ struct BenchTrainOptions {
   std::string save_batches, batches, init_adapter, save_init_adapter;
 };
 
-std::vector<std::string> split_commas(const std::string& s) {
-  std::vector<std::string> out;
-  size_t start = 0;
-  while (start <= s.size()) {
-    size_t comma = s.find(',', start);
-    if (comma == std::string::npos) comma = s.size();
-    if (comma > start) out.push_back(s.substr(start, comma - start));
-    start = comma + 1;
-  }
-  return out;
-}
-
 void check_options(const BenchTrainOptions& o) {
   if (!fs::is_regular_file(fs::path(o.model) / "config.json"))
     throw FileError("bench train: --model " + o.model + ": no config.json there");

@@ -1,6 +1,7 @@
 // Registration of the CLI subcommands; each lives in cli/cmd_<name>.cpp.
 #pragma once
 #include <string>
+#include <vector>
 
 namespace CLI {
 class App;
@@ -12,6 +13,8 @@ namespace lmtune::cli {
 void add_commands(CLI::App& app, const std::string& device);
 // Sets the default device from --device (if given) and the log level; call at the start of each command.
 void apply_device_option(const std::string& device);
+// The non-empty entries of a comma-separated option value ("a,,b" -> a, b).
+std::vector<std::string> split_commas(const std::string& s);
 
 void add_info_command(CLI::App& app, const std::string& device);
 void add_bench_command(CLI::App& app, const std::string& device);

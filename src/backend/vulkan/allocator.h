@@ -2,8 +2,9 @@
 // ranges with a best-fit free list that coalesces neighbours; requests larger than a block get a dedicated block.
 // A freed range goes back to the free list only after the submission that last used it has finished (the
 // recorder's serials), so kernels still in flight never see their memory reused. Empty blocks stay reserved up
-// to 1.25x the most ever held (a caching allocator: steps reuse them) until an allocation needs the room. Budget-aware: an allocation that
-// does not fit raises OutOfMemoryError naming the request, what tensors hold and what the device has left.
+// to 1.25x the most ever held (a caching allocator: steps reuse them) until an allocation needs the room.
+// Budget-aware: an allocation that does not fit raises OutOfMemoryError naming the request, what tensors hold and
+// what the device has left.
 #pragma once
 #include <cstdint>
 #include <map>
