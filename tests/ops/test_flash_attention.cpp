@@ -146,22 +146,25 @@ TEST_P(OpTest, FlashAttentionMatchesReference) {
 }
 
 // The tensor-core kernels (Vulkan devices with cooperative matrices; D <= 64), forced for every case and dtype
-// (f16 products, so f32 runs get the bf16 tolerance: their inputs are f16-exact). Elsewhere forcing them is an
-// error, not a silent fallback.
-TEST_P(OpTest, FlashAttentionTensorCoreKernels) {
-  if (dev().is_cpu()) GTEST_SKIP() << "Vulkan only";
+// (f16 products, so f32 runs get the bf16 tolerance: their inputs are f16-exact): the register-softmax ones
+// (coopmat: on NVIDIA's fragment layout) and the shared-memory ones (coopmat_shared). Elsewhere forcing them is
+// an error, not a silent fallback.
+namespace {
+void check_tensor_core_kernels(const Device& d, vk::FlashKernel kind) {
   struct Force {
-    Force() { vk::flash_kernel() = vk::FlashKernel::coopmat; }
+    explicit Force(vk::FlashKernel k) { vk::flash_kernel() = k; }
     ~Force() { vk::flash_kernel() = vk::FlashKernel::automatic; }
-  } force;
-  Tensor x = make_input({1, 70, 2, 64}, DType::bf16, dev(), 91);
-  if (!vk::coopmat_available(dev().index)) {
+  } force(kind);
+  Tensor x = make_input({1, 70, 2, 64}, DType::bf16, d, 91);
+  if (!vk::coopmat_available(d.index)) {
     EXPECT_THROW(ops::flash_attention(x, x, x, {}), DeviceError);
     GTEST_SKIP() << "device has no cooperative matrices";
   }
   ops::flash_attention(x, x, x, {});
-  EXPECT_EQ(vk::last_flash_kernel(), "coopmat");
-  Tensor wide = make_input({1, 9, 2, 80}, DType::bf16, dev(), 92);
+  const std::string ran = vk::last_flash_kernel();
+  if (kind == vk::FlashKernel::coopmat_shared) EXPECT_EQ(ran, "coopmat-shared");
+  else EXPECT_TRUE(ran == "coopmat" || ran == "coopmat-shared") << ran;  // coopmat-shared off NVIDIA's layout
+  Tensor wide = make_input({1, 9, 2, 80}, DType::bf16, d, 92);
   EXPECT_THROW(ops::flash_attention(wide, wide, wide, {}), ShapeError);
   // Longer sequences than the portable test's, so that whole blocks skip the element-wise masks.
   std::vector<FlashCase> cases = d64_cases();
@@ -174,7 +177,17 @@ TEST_P(OpTest, FlashAttentionTensorCoreKernels) {
       {"d12_unaligned_rows", 1, 19, 23, 2, 1, 12, false},
       {"sharp_growing_logits", 1, 200, 200, 4, 2, 64, true, 0, 0, 0, false, 0, false, 3.0f},
   });
-  check_cases(dev(), cases, {DType::f32, DType::bf16, DType::f16}, 1e-4);
+  check_cases(d, cases, {DType::f32, DType::bf16, DType::f16}, 1e-4);
+}
+}  // namespace
+
+TEST_P(OpTest, FlashAttentionTensorCoreKernels) {
+  if (dev().is_cpu()) GTEST_SKIP() << "Vulkan only";
+  for (vk::FlashKernel kind : {vk::FlashKernel::coopmat, vk::FlashKernel::coopmat_shared}) {
+    SCOPED_TRACE(kind == vk::FlashKernel::coopmat ? "coopmat" : "coopmat_shared");
+    check_tensor_core_kernels(dev(), kind);
+    if (::testing::Test::IsSkipped()) return;
+  }
 }
 
 // The LSE output is differentiable too (its cotangent enters the backward's Δ), and jvp goes through the

@@ -8,8 +8,11 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <map>
 #include <mutex>
 #include <string>
+
+#include <spdlog/spdlog.h>
 
 #include "backend/vulkan/kernel_util.h"
 #include "backend/vulkan/matmul.h"
@@ -131,17 +134,48 @@ void check_grid(uint32_t blocks, const char* what) {
 std::mutex g_last_mu;
 std::string g_last = "none";
 
-// Whether these inputs take the tensor-core kernels (see flash_kernel() in flash_attention.h).
-bool use_coopmat(const Context& ctx, const FlashAttentionParams& p, DType q_dtype) {
+// Whether the device lays 16x16 cooperative-matrix fragments out as NVIDIA's mma.sync does, the layout the
+// register-softmax kernels (*_rs.comp) take: kernels/coopmat_layout.comp reports the (row, column) of every
+// lane's elements of an f32 and an f16 fragment, and whether an accumulator's elements, put into an f16 A operand
+// index by index, multiply as the same matrix. Checked once per device.
+bool fragment_layout_is_mma(Context& ctx) {
+  static std::mutex mu;
+  static std::map<int, bool> known;
+  std::lock_guard lock(mu);
+  if (auto it = known.find(ctx.index()); it != known.end()) return it->second;
+  Tensor t = Tensor::empty({513}, DType::i32, Device::vulkan(ctx.index()));
+  struct {
+    uint32_t unused;
+  } push{};
+  ctx.dispatch("coopmat_layout", {out(t)}, push, {1, 1, 1});
+  const std::vector<int32_t> got = t.to_ints();
+  bool mma = got[512] == 1;
+  for (int m = 0; m < 2; ++m)
+    for (int lane = 0; lane < 32; ++lane)
+      for (int e = 0; e < 8; ++e) {
+        const int row = lane / 4 + 8 * (e / 4), col = 2 * (lane % 4) + e % 2 + 8 * ((e / 2) % 2);
+        mma = mma && got[size_t(m * 256 + lane * 8 + e)] == row * 16 + col;
+      }
+  spdlog::info("vulkan: {} fragment layout: {}", ctx.name(),
+               mma ? "mma.sync (flash attention keeps scores in registers)" : "other (scores go through shared memory)");
+  known[ctx.index()] = mma;
+  return mma;
+}
+
+// Which kernels these inputs take (see flash_kernel() in flash_attention.h): "" (portable), "rs" (tensor cores,
+// scores in registers) or "cm" (tensor cores, scores through shared memory).
+std::string tensor_core_family(Context& ctx, const FlashAttentionParams& p, DType q_dtype) {
   const Features& f = ctx.features();
   bool device_ok = f.cooperative_matrix && f.storage_16bit && f.subgroup_size == 32 &&
                    ctx.properties().limits.maxComputeSharedMemorySize >= 48 * 1024;
   bool use = false;
-  switch (flash_kernel()) {
+  const FlashKernel mode = flash_kernel();
+  switch (mode) {
     case FlashKernel::portable: break;
     case FlashKernel::coopmat:
+    case FlashKernel::coopmat_shared:
       if (!device_ok)
-        throw DeviceError("flash attention: the tensor-core kernels were forced (LMTUNE_FLASH_KERNEL=coopmat) but " +
+        throw DeviceError("flash attention: the tensor-core kernels were forced (LMTUNE_FLASH_KERNEL) but " +
                           ctx.name() + " has no VK_NV_cooperative_matrix with subgroup size 32 and 48 KiB of shared memory");
       if (p.D > 64)
         throw ShapeError("flash attention: the tensor-core kernels cover head dims up to 64, got " + std::to_string(p.D));
@@ -153,9 +187,10 @@ bool use_coopmat(const Context& ctx, const FlashAttentionParams& p, DType q_dtyp
       use = device_ok && tensor_cores && p.D <= 64 && p.T * p.G() >= 64;
     }
   }
+  std::string family = !use ? "" : mode != FlashKernel::coopmat_shared && fragment_layout_is_mma(ctx) ? "rs" : "cm";
   std::lock_guard lock(g_last_mu);
-  g_last = use ? "coopmat" : "portable";
-  return use;
+  g_last = family.empty() ? "portable" : family == "rs" ? "coopmat" : "coopmat-shared";
+  return family;
 }
 
 // Flag 8 of the push block: every row of q, k, v (and dO) starts at a multiple of 8 elements, so the tensor-core
@@ -179,7 +214,10 @@ FlashKernel& flash_kernel() {
   static FlashKernel k = [] {
     const char* s = std::getenv("LMTUNE_FLASH_KERNEL");
     std::string v = s ? s : "";
-    return v == "portable" ? FlashKernel::portable : v == "coopmat" ? FlashKernel::coopmat : FlashKernel::automatic;
+    return v == "portable"         ? FlashKernel::portable
+           : v == "coopmat"        ? FlashKernel::coopmat
+           : v == "coopmat-shared" ? FlashKernel::coopmat_shared
+                                   : FlashKernel::automatic;
   }();
   return k;
 }
@@ -204,7 +242,7 @@ void FlashAttention::eval_vulkan(const std::vector<Tensor>& ins, std::vector<Ten
   FlashPush f = make_push(p, q, k, v, masks);
   const uint32_t batch = u32(p.B, "batch");
   auto [docs, keys] = mask_bindings(p, masks, q);
-  if (use_coopmat(ctx, p, q.dtype())) {  // 128 rows per workgroup, no key-range splits
+  if (const std::string tc = tensor_core_family(ctx, p, q.dtype()); !tc.empty()) {  // 128 rows per workgroup, no splits
     const uint32_t blocks = ceil_div(uint64_t(p.T * p.G()), 128);
     check_grid(blocks, "query");
     f.flags |= rows_of_8(f, false) ? 8u : 0u;
@@ -212,7 +250,7 @@ void FlashAttention::eval_vulkan(const std::vector<Tensor>& ins, std::vector<Ten
     f.y_off = elem_offset(o);
     f.dtypes |= uint32_t(o.dtype()) << 16;
     f.flags |= vec_out_flag(f);
-    ctx.dispatch("flash_attention_fwd_cm_d64",
+    ctx.dispatch("flash_attention_fwd_" + tc + "_d64",
                  {in(q), in(k), in(v), in(q), out(lse), in(q), docs, keys, out(o), in(q)}, f, {blocks, f.KV, batch});
     return;
   }
@@ -270,7 +308,8 @@ void FlashAttentionBackward::eval_vulkan(const std::vector<Tensor>& ins, std::ve
   f.delta_off = elem_offset(delta);
   auto [docs, keys] = mask_bindings(p, masks, q);
   const uint32_t batch = u32(p.B, "batch");
-  const bool cm = use_coopmat(ctx, p, q.dtype());
+  const std::string tc = tensor_core_family(ctx, p, q.dtype());
+  const bool cm = !tc.empty();
   if (cm) f.flags |= rows_of_8(f, true) ? 8u : 0u;
 
   if (outs[0].numel() > 0) {  // dQ
@@ -281,7 +320,7 @@ void FlashAttentionBackward::eval_vulkan(const std::vector<Tensor>& ins, std::ve
     const uint32_t br = cm ? 128 : p.D <= 64 ? 32 : p.D <= 128 ? 16 : 8;  // BR of the dQ kernel
     const uint32_t blocks = ceil_div(uint64_t(p.T * p.G()), br);
     check_grid(blocks, "query");
-    ctx.dispatch(cm ? std::string("flash_attention_bwd_dq_cm_d64") : variant(ctx, "flash_attention_bwd_dq" + cls),
+    ctx.dispatch(cm ? "flash_attention_bwd_dq_" + tc + "_d64" : variant(ctx, "flash_attention_bwd_dq" + cls),
                  {in(q), in(k), in(v), in(d_o), in(lse), in(delta), docs, keys, out(outs[0]), in(q)}, fq,
                  {blocks, f.KV, batch});
   }
@@ -301,7 +340,7 @@ void FlashAttentionBackward::eval_vulkan(const std::vector<Tensor>& ins, std::ve
     fk.z_off = elem_offset(dv);
     fk.dtypes |= uint32_t(dk.dtype()) << 16 | uint32_t(dv.dtype()) << 20;
     if (cm) fk.flags |= vec_out_flag(fk);
-    ctx.dispatch(cm ? std::string("flash_attention_bwd_dkdv_cm_d64") : variant(ctx, "flash_attention_bwd_dkdv" + cls),
+    ctx.dispatch(cm ? "flash_attention_bwd_dkdv_" + tc + "_d64" : variant(ctx, "flash_attention_bwd_dkdv" + cls),
                  {in(q), in(k), in(v), in(d_o), in(lse), in(delta), docs, keys, out(dk), out(dv)}, fk,
                  {blocks, f.KV, batch * fk.splits});
     if (fk.splits > 1) {

@@ -1,0 +1,141 @@
+#version 450
+// Fused attention backward, dQ, on tensor cores with the scores in registers (the contract of
+// flash_attention_bwd_dq_cm.comp, the fragment layout of flash_attention_fwd_rs.comp): one workgroup of 8
+// subgroups per (block of 128 rows, kv head, batch), a subgroup per 16 rows holding its Q and dO rows as f16 A
+// fragments. Per block of BC keys: S = Q K^T and dP = dO V^T in accumulators, dS = scale P (dP - delta) on their
+// elements (times 1 - tanh^2 where soft-capped), dQ += dS K with dS as an f16 fragment of the same layout.
+#ifndef FLASH_WG
+#define FLASH_WG 256
+#endif
+#include "flash_attention_cm.glsl"
+
+const uint BC = 32u;                      // keys per block
+const uint BR = NSG * 16u;                // rows per workgroup
+const uint FST = 20u;                     // f32 stride of a subgroup's 16x16 dQ fragment
+const uint NCH = BC * (DMAX / 8u) / WG;   // 8-element chunks per invocation of a K or V tile
+const uint QPASS = BR / (2u * BC);        // Q (then dO) staged through the K/V tile in passes of 2 BC rows
+
+shared uvec4 kv_s[2u * BC * DS];  // K rows, then V rows (Q and dO rows at the start)
+shared uvec4 out_s[NSG * 16u * FST / 4u];
+shared bool key_ok[BC];
+shared int key_doc[BC];
+
+void main() {
+  const uint tid = gl_LocalInvocationIndex, sg = gl_SubgroupID, lane = gl_SubgroupInvocationID;
+  // The last row blocks see the most keys under a causal mask: they start first.
+  const uint b = gl_WorkGroupID.z, kv = gl_WorkGroupID.y, r0 = (gl_NumWorkGroups.x - 1u - gl_WorkGroupID.x) * BR;
+  const uint G = p.H / p.KV, rows = p.T * G;
+
+  // Q, then dO rows into A fragments, 2 BC rows per pass through the K/V tile.
+  F16M qa[FD], oa[FD];
+  uvec4 wk[NCH], wv[NCH];
+#define ROW_T(R0) (min((R0) + r, rows - 1u) / G)
+#define ROW_H(R0) (kv * G + min((R0) + r, rows - 1u) % G)
+  for (uint pass = 0; pass < 2u * QPASS; ++pass) {
+    const uint q0 = r0 + (pass % QPASS) * 2u * BC;
+    if (pass < QPASS) {
+      LOAD_CHUNKS(NCH, wk, Q, 0, q0 + r < rows, q_at(b, ROW_T(q0), ROW_H(q0), d0))
+      LOAD_CHUNKS(NCH, wv, Q, 0, q0 + BC + r < rows, q_at(b, ROW_T(q0 + BC), ROW_H(q0 + BC), d0))
+    } else {
+      LOAD_CHUNKS(NCH, wk, X, 3, q0 + r < rows, x_at(b, ROW_T(q0), ROW_H(q0), d0))
+      LOAD_CHUNKS(NCH, wv, X, 3, q0 + BC + r < rows, x_at(b, ROW_T(q0 + BC), ROW_H(q0 + BC), d0))
+    }
+    if (pass > 0u) barrier();
+    const uint f_dt = pass < QPASS ? 0u : 3u;
+    STORE_CHUNKS(NCH, wk, f_dt, kv_s, 0u, q0 + r < rows)
+    STORE_CHUNKS(NCH, wv, f_dt, kv_s, BC * DS, q0 + BC + r < rows)
+    barrier();
+    if (sg / (2u * BC / 16u) == pass % QPASS) {
+      const uint at = (sg % (2u * BC / 16u)) * 16u * DS;
+      [[unroll]] for (uint f = 0; f < FD; ++f) {
+        if (pass < QPASS) coopMatLoadNV(qa[f], kv_s, at + f * 2u, DS, false);
+        else coopMatLoadNV(oa[f], kv_s, at + f * 2u, DS, false);
+      }
+    }
+  }
+
+  // This lane's two rows (fragment rows l/4 and l/4 + 8).
+  bool row_ok[2];
+  int qpos[2], doc[2];
+  float lse[2], delta[2];
+  [[unroll]] for (uint h = 0; h < 2u; ++h) {
+    const uint row = r0 + sg * 16u + frag_row(lane, h * 4u);
+    row_ok[h] = row < rows;
+    const uint t = min(row, rows - 1u) / G, hd = kv * G + min(row, rows - 1u) % G;
+    qpos[h] = int(t) + p.q_offset;
+    doc[h] = doc_of(b, t);
+    lse[h] = LD_F32(LSE, p.lse_off + bht(b, hd, t));
+    delta[h] = LD_F32(DELTA, p.delta_off + bht(b, hd, t));
+  }
+  const ivec2 keys = key_range(r0 / G, (min(r0 + BR, rows) - 1u) / G);
+  F32M dq[FD];
+  [[unroll]] for (uint f = 0; f < FD; ++f) dq[f] = F32M(0.0);
+
+  for (int jb = keys.x; jb < keys.y; jb += int(BC)) {
+    LOAD_CHUNKS(NCH, wk, K, 1, uint(jb) + r < p.S, k_at(b, min(uint(jb) + r, p.S - 1u), kv, d0))
+    LOAD_CHUNKS(NCH, wv, V, 2, uint(jb) + r < p.S, v_at(b, min(uint(jb) + r, p.S - 1u), kv, d0))
+    const uint kj = uint(jb) + lane;  // a key flag per lane of subgroup 0 (BC == 32)
+    const bool key_in = int(kj) < keys.y && key_usable(b, kj);
+    const int kdoc = kj < p.S ? doc_of(b, kj) : 0;
+    barrier();
+    STORE_CHUNKS(NCH, wk, 1, kv_s, 0u, uint(jb) + r < p.S)
+    STORE_CHUNKS(NCH, wv, 2, kv_s, BC * DS, uint(jb) + r < p.S)
+    if (sg == 0u) {
+      key_ok[lane] = key_in;
+      key_doc[lane] = kdoc;
+      vote(0u, key_in, kdoc);
+    }
+    barrier();
+    int block_doc;
+    const bool keys_plain = voted(1u, block_doc);
+    bool whole[2];
+    [[unroll]] for (uint h = 0; h < 2u; ++h)
+      whole[h] = row_ok[h] && keys_plain && doc[h] == block_doc && bounds_clear(jb, jb + int(BC) - 1, qpos[h], qpos[h]);
+
+    // S = Q K^T and dP = dO V^T per 16 keys (K^T and V^T loaded column-major from the rows), then dS.
+    F16M da[BC / 16u];
+    [[unroll]] for (uint nb = 0; nb < BC / 16u; ++nb) {
+      F32M s = F32M(0.0), dp = F32M(0.0);
+      [[unroll]] for (uint f = 0; f < FD; ++f) {
+        F16M kb, vb;
+        coopMatLoadNV(kb, kv_s, nb * 16u * DS + f * 2u, DS, true);
+        coopMatLoadNV(vb, kv_s, (BC + nb * 16u) * DS + f * 2u, DS, true);
+        s = coopMatMulAddNV(qa[f], kb, s);
+        dp = coopMatMulAddNV(oa[f], vb, dp);
+      }
+      [[unroll]] for (uint e = 0; e < 8u; ++e) {
+        const uint h = e / 4u, c = nb * 16u + frag_col(lane, e);
+        float ds = 0.0;
+        if (whole[h] || visible(row_ok[h], qpos[h], doc[h], key_ok[c], jb + int(c), key_doc[c])) {
+          const float x = capped(s[e]);
+          float g = exp(x - lse[h]) * (dp[e] - delta[h]);
+          if (p.softcap > 0.0) g *= 1.0 - (x / p.softcap) * (x / p.softcap);
+          ds = g * p.scale;
+        }
+        da[nb][e] = float16_t(ds);
+      }
+    }
+
+    // dQ += dS K.
+    [[unroll]] for (uint kb = 0; kb < BC / 16u; ++kb)
+      [[unroll]] for (uint f = 0; f < FD; ++f) {
+        F16M kr;
+        coopMatLoadNV(kr, kv_s, kb * 16u * DS + f * 2u, DS, false);
+        dq[f] = coopMatMulAddNV(da[kb], kr, dq[f]);
+      }
+  }
+
+  // dQ a fragment at a time through shared memory: lane (row lr, dims f 16 + half 8 ..) writes 8 values.
+  const uint lr = lane % 16u, half_ = lane / 16u, row = r0 + sg * 16u + lr;
+  const uint at = bth(b, min(row, rows - 1u) / G, kv * G + min(row, rows - 1u) % G, p.H, p.T);
+  const uint obase = sg * 16u * FST / 4u;
+  [[unroll]] for (uint f = 0; f < FD; ++f) {
+    subgroup_sync();
+    coopMatStoreNV(dq[f], out_s, obase, FST / 4u, false);
+    subgroup_sync();
+    const uint fa = obase + (lr * FST + half_ * 8u) / 4u;
+    const vec4 lo = uintBitsToFloat(out_s[fa]), hi = uintBitsToFloat(out_s[fa + 1u]);
+    float g[8] = float[8](lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w);
+    if (row < rows) Y_store8(dt(4), p.y_off + at + f * 16u + half_ * 8u, f * 16u + half_ * 8u, g);
+  }
+}

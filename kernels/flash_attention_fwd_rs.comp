@@ -1,0 +1,166 @@
+#version 450
+// Fused attention forward on tensor cores with the softmax in registers (the contract of
+// flash_attention_fwd_cm.comp): where the device lays a 16x16 fragment out as NVIDIA's mma.sync does (checked at
+// run time, see flash_attention_cm.glsl: lane l holds rows l/4 and l/4 + 8, columns 2(l%4) + {0, 1} and + 8, in
+// the same order for f32 accumulators and f16 operands), S = Q K^T stays in its accumulators: masks, row maxima
+// (over the 4 lanes of a row), exponentials and the rescaling of O run on the fragments' elements, and P goes
+// into the P V product as an f16 fragment of the same layout. No score leaves the registers; per block of BC keys
+// the workgroup shares only the K and V tiles. One workgroup of 8 subgroups per (block of 128 rows, kv head,
+// batch), a subgroup per 16 rows; lazy rescaling as in flash_attention_fwd_cm.comp.
+#ifndef FLASH_WG
+#define FLASH_WG 256
+#endif
+#include "flash_attention_cm.glsl"
+
+const uint BC = 32u;                          // keys per block
+const uint BR = NSG * 16u;                    // rows per workgroup
+const uint FST = 20u;                         // f32 stride of a subgroup's 16x16 output fragment
+const float TAU = 8.0;                        // lazy rescaling threshold (e^8 = 2981)
+const uint NCH = BC * (DMAX / 8u) / WG;       // 8-element chunks per invocation of a K or V tile
+const uint QPASS = BR / (2u * BC);            // Q staged through the K/V tile in passes of 2 BC rows
+
+shared uvec4 kv_s[2u * BC * DS];  // K rows, then V rows (Q rows at the start)
+shared uvec4 out_s[NSG * 16u * FST / 4u];
+shared float inv_s[NSG * 16u];
+shared bool key_ok[BC];
+shared int key_doc[BC];
+
+void main() {
+  const uint tid = gl_LocalInvocationIndex, sg = gl_SubgroupID, lane = gl_SubgroupInvocationID;
+  // The last row blocks see the most keys under a causal mask: they start first.
+  const uint b = gl_WorkGroupID.z, kv = gl_WorkGroupID.y, r0 = (gl_NumWorkGroups.x - 1u - gl_WorkGroupID.x) * BR;
+  const uint G = p.H / p.KV, rows = p.T * G;
+
+  // Q rows into fragments (the A operand of S = Q K^T), 2 BC rows per pass through the K/V tile.
+  F16M qa[FD];
+  uvec4 wk[NCH], wv[NCH];
+  for (uint pass = 0; pass < QPASS; ++pass) {
+    const uint q0 = r0 + pass * 2u * BC;
+#define Q_AT(R0) q_at(b, min((R0) + r, rows - 1u) / G, kv * G + min((R0) + r, rows - 1u) % G, d0)
+    LOAD_CHUNKS(NCH, wk, Q, 0, q0 + r < rows, Q_AT(q0))
+    LOAD_CHUNKS(NCH, wv, Q, 0, q0 + BC + r < rows, Q_AT(q0 + BC))
+    if (pass > 0u) barrier();
+    STORE_CHUNKS(NCH, wk, 0, kv_s, 0u, q0 + r < rows)
+    STORE_CHUNKS(NCH, wv, 0, kv_s, BC * DS, q0 + BC + r < rows)
+    barrier();
+    if (sg / (2u * BC / 16u) == pass)
+      [[unroll]] for (uint f = 0; f < FD; ++f)
+        coopMatLoadNV(qa[f], kv_s, (sg % (2u * BC / 16u)) * 16u * DS + f * 2u, DS, false);
+  }
+
+  // This lane's two rows (fragment rows l/4 and l/4 + 8): index 0 and 1 of the arrays below.
+  bool row_ok[2];
+  int qpos[2], doc[2];
+  float m[2] = float[2](NEG_INF, NEG_INF), l[2] = float[2](0.0, 0.0);  // l: this lane's part of the row sum
+  [[unroll]] for (uint h = 0; h < 2u; ++h) {
+    const uint row = r0 + sg * 16u + frag_row(lane, h * 4u);
+    row_ok[h] = row < rows;
+    const uint t = min(row, rows - 1u) / G;
+    qpos[h] = int(t) + p.q_offset;
+    doc[h] = doc_of(b, t);
+  }
+  const ivec2 keys = key_range(r0 / G, (min(r0 + BR, rows) - 1u) / G);
+  F32M oacc[FD];
+  [[unroll]] for (uint f = 0; f < FD; ++f) oacc[f] = F32M(0.0);
+
+  for (int jb = keys.x; jb < keys.y; jb += int(BC)) {
+    LOAD_CHUNKS(NCH, wk, K, 1, uint(jb) + r < p.S, k_at(b, min(uint(jb) + r, p.S - 1u), kv, d0))
+    LOAD_CHUNKS(NCH, wv, V, 2, uint(jb) + r < p.S, v_at(b, min(uint(jb) + r, p.S - 1u), kv, d0))
+    const uint kj = uint(jb) + lane;  // a key flag per lane of subgroup 0 (BC == 32)
+    const bool key_in = int(kj) < keys.y && key_usable(b, kj);
+    const int kdoc = kj < p.S ? doc_of(b, kj) : 0;
+    barrier();
+    STORE_CHUNKS(NCH, wk, 1, kv_s, 0u, uint(jb) + r < p.S)
+    STORE_CHUNKS(NCH, wv, 2, kv_s, BC * DS, uint(jb) + r < p.S)
+    if (sg == 0u) {
+      key_ok[lane] = key_in;
+      key_doc[lane] = kdoc;
+      vote(0u, key_in, kdoc);
+    }
+    barrier();
+    int block_doc;
+    const bool keys_plain = voted(1u, block_doc);
+
+    // S = Q K^T, a 16x16 accumulator per 16 keys (K^T loaded column-major from the K rows).
+    F32M s[BC / 16u];
+    [[unroll]] for (uint nb = 0; nb < BC / 16u; ++nb) {
+      s[nb] = F32M(0.0);
+      [[unroll]] for (uint f = 0; f < FD; ++f) {
+        F16M kb;
+        coopMatLoadNV(kb, kv_s, nb * 16u * DS + f * 2u, DS, true);
+        s[nb] = coopMatMulAddNV(qa[f], kb, s[nb]);
+      }
+    }
+
+    // Masks and the online softmax on the elements; a row's maximum over its 4 lanes.
+    bool whole[2];
+    float mx[2] = float[2](NEG_INF, NEG_INF);
+    [[unroll]] for (uint h = 0; h < 2u; ++h)
+      whole[h] = row_ok[h] && keys_plain && doc[h] == block_doc && bounds_clear(jb, jb + int(BC) - 1, qpos[h], qpos[h]);
+    [[unroll]] for (uint nb = 0; nb < BC / 16u; ++nb)
+      [[unroll]] for (uint e = 0; e < 8u; ++e) {
+        const uint h = e / 4u, c = nb * 16u + frag_col(lane, e);
+        float x = capped(s[nb][e]);
+        if (!whole[h] && !visible(row_ok[h], qpos[h], doc[h], key_ok[c], jb + int(c), key_doc[c])) x = NEG_INF;
+        s[nb][e] = x;
+        mx[h] = max(mx[h], x);
+      }
+    float alpha[2];
+    bool moved = false;
+    [[unroll]] for (uint h = 0; h < 2u; ++h) {
+      mx[h] = quad_max(mx[h]);
+      const float m_new = mx[h] > m[h] + TAU || (m[h] == NEG_INF && mx[h] != NEG_INF) ? mx[h] : m[h];
+      // A row whose m was -inf has seen no key: its output is still 0 and needs no rescaling.
+      const bool mv = m_new != m[h] && m[h] != NEG_INF;
+      alpha[h] = mv ? exp(m[h] - m_new) : 1.0;
+      moved = moved || mv;
+      m[h] = m_new;
+      l[h] *= alpha[h];
+    }
+    if (subgroupAny(moved))
+      [[unroll]] for (uint f = 0; f < FD; ++f)
+        [[unroll]] for (uint e = 0; e < 8u; ++e) oacc[f][e] *= alpha[e / 4u];
+    F16M pa[BC / 16u];
+    [[unroll]] for (uint nb = 0; nb < BC / 16u; ++nb)
+      [[unroll]] for (uint e = 0; e < 8u; ++e) {
+        const float x = s[nb][e], pe = x == NEG_INF ? 0.0 : exp(x - m[e / 4u]);
+        l[e / 4u] += pe;
+        pa[nb][e] = float16_t(pe);
+      }
+
+    // O += P V.
+    [[unroll]] for (uint kb = 0; kb < BC / 16u; ++kb)
+      [[unroll]] for (uint f = 0; f < FD; ++f) {
+        F16M vb;
+        coopMatLoadNV(vb, kv_s, (BC + kb * 16u) * DS + f * 2u, DS, false);
+        oacc[f] = coopMatMulAddNV(pa[kb], vb, oacc[f]);
+      }
+  }
+
+  // Row sums over the row's 4 lanes; 1 / l and the LSE per row.
+  [[unroll]] for (uint h = 0; h < 2u; ++h) {
+    const float lsum = quad_sum(l[h]);
+    const uint lrow = frag_row(lane, h * 4u);
+    if (lane % 4u == 0u) {
+      inv_s[sg * 16u + lrow] = lsum > 0.0 ? 1.0 / lsum : 0.0;  // a row that saw no key outputs 0
+      const uint row = r0 + sg * 16u + lrow;
+      if (row_ok[h])
+        ST_F32(LSE, p.lse_off + bht(b, kv * G + row % G, row / G), lsum > 0.0 ? m[h] + log(lsum) : NEG_INF);
+    }
+  }
+
+  // O / l, a fragment at a time through shared memory: lane (row lr, dims f 16 + half 8 ..) writes 8 values.
+  const uint lr = lane % 16u, half_ = lane / 16u, row = r0 + sg * 16u + lr;
+  const uint at = bth(b, min(row, rows - 1u) / G, kv * G + row % G, p.H, p.T);
+  const uint obase = sg * 16u * FST / 4u;
+  [[unroll]] for (uint f = 0; f < FD; ++f) {
+    subgroup_sync();
+    coopMatStoreNV(oacc[f], out_s, obase, FST / 4u, false);
+    subgroup_sync();
+    const float inv = inv_s[sg * 16u + lr];
+    const uint fa = obase + (lr * FST + half_ * 8u) / 4u;
+    const vec4 lo = uintBitsToFloat(out_s[fa]) * inv, hi = uintBitsToFloat(out_s[fa + 1u]) * inv;
+    float o[8] = float[8](lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w);
+    if (row < rows) Y_store8(dt(4), p.y_off + at + f * 16u + half_ * 8u, f * 16u + half_ * 8u, o);
+  }
+}
