@@ -4,7 +4,7 @@
 #include "core/autodiff.h"
 #include "core/error.h"
 #include "core/ops.h"
-#include "core/ops/view.h"
+#include "core/ops/matmul.h"
 
 namespace lmtune {
 namespace {
@@ -16,9 +16,16 @@ Tensor rows(const Tensor& x) { return ops::reshape(x, {-1, x.dim(-1)}); }
 
 }  // namespace
 
+// The product goes straight into the output (a [M, N] view of it): computing ops::linear and copying the result
+// in moved every LoRA up-product ([tokens, out features]) through memory twice more.
 void AutocastLinear::forward(const std::vector<Tensor>& in, std::vector<Tensor>& out) {
   const Tensor& x = in[0];
-  copy_into(out[0], ops::linear(x, ops::cast(in[1], x.dtype())));
+  const Tensor w = ops::cast(in[1], x.dtype());
+  std::vector<Tensor> product{ops::reshape(out[0], {-1, w.dim(0)})};
+  const std::vector<Tensor> operands{rows(x), ops::transpose(w)};
+  Matmul matmul;
+  if (x.device().is_cpu()) matmul.eval_cpu(operands, product);
+  else matmul.eval_vulkan(operands, product);
 }
 
 std::vector<Tensor> AutocastLinear::vjp(const Node& node, const std::vector<Tensor>& cot,
