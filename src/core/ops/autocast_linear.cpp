@@ -20,9 +20,9 @@ Tensor rows(const Tensor& x) { return ops::reshape(x, {-1, x.dim(-1)}); }
 // in moved every LoRA up-product ([tokens, out features]) through memory twice more.
 void AutocastLinear::forward(const std::vector<Tensor>& in, std::vector<Tensor>& out) {
   const Tensor& x = in[0];
-  const Tensor w = ops::cast(in[1], x.dtype());
-  std::vector<Tensor> product{ops::reshape(out[0], {-1, w.dim(0)})};
-  const std::vector<Tensor> operands{rows(x), ops::transpose(w)};
+  weight_16 = ops::cast(in[1], x.dtype());
+  std::vector<Tensor> product{ops::reshape(out[0], {-1, weight_16.dim(0)})};
+  const std::vector<Tensor> operands{rows(x), ops::transpose(weight_16)};
   Matmul matmul;
   if (x.device().is_cpu()) matmul.eval_cpu(operands, product);
   else matmul.eval_vulkan(operands, product);
@@ -36,7 +36,7 @@ std::vector<Tensor> AutocastLinear::vjp(const Node& node, const std::vector<Tens
   const Tensor& x = node.inputs[0];
   const Tensor& w = node.inputs[1];
   Tensor dx, dw;
-  if (wanted[0]) dx = matmul(g, cast(w, x.dtype()));  // [..., N] · [N, K]
+  if (wanted[0]) dx = matmul(g, weight_16.defined() ? weight_16 : cast(w, x.dtype()));  // [..., N] · [N, K]
   if (wanted[1]) dw = matmul(transpose(rows(g)), rows(x), DType::f32);  // [N, M] · [M, K], f32 result
   return {dx, dw};
 }

@@ -23,6 +23,9 @@ class AutocastLinear final : public Primitive {
 
  private:
   void forward(const std::vector<Tensor>& in, std::vector<Tensor>& out);
+  // The weight in x's dtype, cast by the forward pass and reused by the vjp (one cast per factor and step, not two:
+  // LoRA's factors are small, but each cast is a dispatch).
+  Tensor weight_16;
 };
 
 }  // namespace lmtune
