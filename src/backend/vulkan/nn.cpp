@@ -92,7 +92,10 @@ void rope_apply(const Tensor& x_in, const Tensor& positions_in, const Tensor& in
   Context& ctx = context_for(y.device());
   int64_t r = 2 * freq.numel();
   if (r > x.dim(3)) throw ShapeError("vulkan rope: 2 * inv_freq size " + std::to_string(r) + " exceeds head dim");
-  RopePush p{u32(x.numel(), "element count"), u32(x.dim(3), "head dim"), u32(x.dim(2), "heads"), u32(r, "rotary dims"),
+  // One invocation per rotated pair or pass-through dim of each [B, T, H] row.
+  u32(x.numel(), "element count");
+  const int64_t units = x.dim(0) * x.dim(1) * x.dim(2) * (r / 2 + x.dim(3) - r);
+  RopePush p{u32(units, "rope units"), u32(x.dim(3), "head dim"), u32(x.dim(2), "heads"), u32(r, "rotary dims"),
              elem_offset(x), elem_offset(pos), elem_offset(freq), elem_offset(y),
              uint32_t(x.dtype()) | uint32_t(y.dtype()) << 4, interleaved, inverse};
   ctx.dispatch(variant(ctx, "rope"), {in(x), in(pos), in(freq), out(y)}, p, groups_1d(p.total, 256), {256});
