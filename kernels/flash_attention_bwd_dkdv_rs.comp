@@ -13,6 +13,7 @@
 const uint BR = 32u;                      // rows per block
 const uint BC = NSG * 16u;                // keys per workgroup
 const uint FST = 20u;                     // f32 stride of a subgroup's 16x16 dK / dV fragment
+const float LOG2E = 1.4426950408889634;
 const uint NCH = BR * (DMAX / 8u) / WG;   // 8-element chunks per invocation of a Q or dO tile
 const uint KPASS = BC / (2u * BR);        // K (then V) staged through the Q/dO tile in passes of 2 BR rows
 
@@ -115,6 +116,15 @@ void main() {
       whole[h] = rows_plain && key_ok[h] && key_doc[h] == rows_doc &&
                  bounds_clear(int(jk[h]), int(jk[h]), int(r0 / G) + p.q_offset, int((r0 + BR - 1u) / G) + p.q_offset);
 
+    // The LSE (times log2 e) and delta of this lane's columns (rows of the block): 4 per 16 rows, read once.
+    float lse2[BR / 16u][4], dl[BR / 16u][4];
+    [[unroll]] for (uint nb = 0; nb < BR / 16u; ++nb)
+      [[unroll]] for (uint q = 0; q < 4u; ++q) {
+        const uint c = nb * 16u + frag_col(lane, q);
+        lse2[nb][q] = row_lse[c] * LOG2E;
+        dl[nb][q] = row_delta[c];
+      }
+
     // S^T = K Q^T per 16 rows (Q^T loaded column-major), P^T on the elements; dV += P^T dO.
     F16M pa[BR / 16u];
     float pr[BR / 16u][8], xs[BR / 16u][8];
@@ -129,7 +139,7 @@ void main() {
         const uint h = e / 4u, c = nb * 16u + frag_col(lane, e);
         xs[nb][e] = capped(st[e]);
         pr[nb][e] = whole[h] || visible(row_ok[c], row_qpos[c], row_doc[c], key_ok[h], int(jk[h]), key_doc[h])
-                        ? exp(xs[nb][e] - row_lse[c]) : 0.0;
+                        ? exp2(xs[nb][e] * LOG2E - lse2[nb][e % 4u]) : 0.0;
         pa[nb][e] = float16_t(pr[nb][e]);
       }
     }
@@ -149,8 +159,7 @@ void main() {
         dpt = coopMatMulAddNV(va[f], ob, dpt);
       }
       [[unroll]] for (uint e = 0; e < 8u; ++e) {
-        const uint c = nb * 16u + frag_col(lane, e);
-        float g = pr[nb][e] * (dpt[e] - row_delta[c]);
+        float g = pr[nb][e] * (dpt[e] - dl[nb][e % 4u]);
         if (p.softcap > 0.0) g *= 1.0 - (xs[nb][e] / p.softcap) * (xs[nb][e] / p.softcap);
         pa[nb][e] = float16_t(g * p.scale);
       }
