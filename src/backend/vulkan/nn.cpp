@@ -92,8 +92,8 @@ void rope_apply(const Tensor& x_in, const Tensor& positions_in, const Tensor& in
   Context& ctx = context_for(y.device());
   int64_t r = 2 * freq.numel();
   if (r > x.dim(3)) throw ShapeError("vulkan rope: 2 * inv_freq size " + std::to_string(r) + " exceeds head dim");
-  // One invocation per rotated pair or pass-through dim of each [B, T, H] row.
   u32(x.numel(), "element count");
+  // One invocation per rotated pair or pass-through dim of each [B, T, H] row.
   const int64_t units = x.dim(0) * x.dim(1) * x.dim(2) * (r / 2 + x.dim(3) - r);
   RopePush p{u32(units, "rope units"), u32(x.dim(3), "head dim"), u32(x.dim(2), "heads"), u32(r, "rotary dims"),
              elem_offset(x), elem_offset(pos), elem_offset(freq), elem_offset(y),

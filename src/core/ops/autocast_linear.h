@@ -3,8 +3,9 @@
 //
 // Casting the weight with ops::cast would give its gradient the 16-bit dtype of the cast (cotangents travel in the
 // dtype of their value) and round it before it reaches the f32 master. This composite primitive instead computes
-// d weight = gᵀ x straight into f32 (16-bit operands, f32 accumulation and result). Its forward, vjp and jvp are
-// written with other ops, so it runs on every backend as it is.
+// d weight = gᵀ x straight into f32 (16-bit operands, f32 accumulation and result). Its forward runs the Matmul
+// primitive's kernel straight into the output; its vjp and jvp are written with other ops, so it runs on every
+// backend as it is.
 #pragma once
 #include "core/primitive.h"
 
