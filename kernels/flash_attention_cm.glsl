@@ -1,17 +1,25 @@
-// Shared parts of the tensor-core fused attention kernels (flash_attention_{fwd,bwd_dq,bwd_dkdv}_cm.comp): the
-// bindings, push constants and mask of flash_attention.glsl, plus f16 tiles in shared memory and the lane layout.
+// Shared parts of the tensor-core fused attention kernels: the bindings, push constants and mask of
+// flash_attention.glsl, plus f16 tiles in shared memory and the lane layouts. There are two families:
+// - flash_attention_{fwd,bwd_dq,bwd_dkdv}_rs.comp keep the scores in registers, in NVIDIA's mma.sync fragment
+//   layout (frag_row / frag_col below);
+// - flash_attention_{fwd,bwd_dq,bwd_dkdv}_cm.comp take any layout: the scores leave the accumulators through
+//   shared memory.
+//
 // Products run on VK_NV_cooperative_matrix 16x16x16 f16 fragments with f32 accumulation; softmax, masks and the
-// rescaling of the online softmax run in f32 on plain registers. A workgroup is NSG = FLASH_WG / 32 subgroups
-// of 32 (8 in all three kernels: see flash_attention_fwd_cm.comp); each subgroup owns 16 rows of the problem
-// (queries in the forward and dQ kernels, keys in dK/dV) and works on them alone between the workgroup's tile
-// loads (subgroup barriers only). Scores leave the accumulators through shared memory. Products whose second
-// operand would be transposed (S = Q K^T) run transposed (S^T = K Q^T, the fixed Q^T fragments loaded once,
-// the result stored column-major), so that no fragment in an inner loop is loaded column-major (one such load
-// per multiply-add cost the forward pass 6%). Scores sit in shared memory as f32 [16][cols + 4]; lane l then
-// handles row l % 16, columns [(l / 16) * cols / 2, +cols / 2) (the row's other half is lane l ^ 16). Operand
-// tiles are f16 [rows][DMAX + 8] (uvec4 = 8 halves per element of the shared arrays). Inputs are read 8
-// elements at a time where flags bit 8 says every row start is a multiple of 8 elements, else element by
-// element; bf16 and f32 inputs become f16 in the tiles.
+// rescaling of the online softmax run in f32. A workgroup is NSG = FLASH_WG / 32 subgroups of 32 (8 in all six
+// kernels: see flash_attention_fwd_cm.comp). Each subgroup owns 16 rows of the problem (queries in the forward
+// and dQ kernels, keys in dK/dV) and works on them alone between the workgroup's tile loads (subgroup barriers
+// only).
+//
+// In the _cm kernels, products whose second operand would be transposed (S = Q K^T) run transposed (S^T = K Q^T:
+// the fixed Q^T fragments are loaded once and the result is stored column-major), so that no fragment in an inner
+// loop is loaded column-major (one such load per multiply-add cost the forward pass 6% there). Scores sit in
+// shared memory as f32 [16][cols + 4]; lane l then handles row l % 16, columns [(l / 16) * cols / 2, +cols / 2)
+// (the row's other half is lane l ^ 16).
+//
+// Operand tiles are f16 [rows][DMAX + 8] (uvec4 = 8 halves per element of the shared arrays). Inputs are read 8
+// elements at a time where flags bit 8 says every row start is a multiple of 8 elements, else element by element;
+// bf16 and f32 inputs become f16 in the tiles.
 #ifndef LMTUNE_FLASH_ATTENTION_CM_GLSL
 #define LMTUNE_FLASH_ATTENTION_CM_GLSL
 
