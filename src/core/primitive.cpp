@@ -43,12 +43,16 @@ std::vector<Tensor> apply(std::shared_ptr<Primitive> prim, const std::vector<Ten
   for (const auto& s : specs) outputs.push_back(Tensor::empty(s.shape, s.dtype, device));
   {
     NoGrad no_grad;  // kernels that compose other ops must not record them
-    if (device.is_cpu())
-      prim->eval_cpu(inputs, outputs);
-    else
-      prim->eval_vulkan(inputs, outputs);
+    eval_on(device, *prim, inputs, outputs);
   }
   return record(std::move(prim), inputs, std::move(outputs));
+}
+
+void eval_on(const Device& device, Primitive& prim, const std::vector<Tensor>& inputs, std::vector<Tensor>& outputs) {
+  if (device.is_cpu())
+    prim.eval_cpu(inputs, outputs);
+  else
+    prim.eval_vulkan(inputs, outputs);
 }
 
 Tensor apply1(std::shared_ptr<Primitive> prim, const std::vector<Tensor>& inputs, const OutputSpec& output) {

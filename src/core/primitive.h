@@ -45,6 +45,10 @@ struct OutputSpec {
 std::vector<Tensor> apply(std::shared_ptr<Primitive> prim, const std::vector<Tensor>& inputs,
                           const std::vector<OutputSpec>& outputs);
 Tensor apply1(std::shared_ptr<Primitive> prim, const std::vector<Tensor>& inputs, const OutputSpec& output);
+// Evaluates a primitive on `device` (its eval_cpu or eval_vulkan) into outputs the caller allocated: no
+// recording, for kernels that write into existing tensors (in-place updates, copies into views, a product
+// straight into a primitive's own output).
+void eval_on(const Device& device, Primitive& prim, const std::vector<Tensor>& inputs, std::vector<Tensor>& outputs);
 // Records already-computed outputs (views that alias an input) without evaluating anything.
 std::vector<Tensor> record(std::shared_ptr<Primitive> prim, const std::vector<Tensor>& inputs,
                            std::vector<Tensor> outputs);

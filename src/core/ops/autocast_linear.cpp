@@ -24,8 +24,7 @@ void AutocastLinear::forward(const std::vector<Tensor>& in, std::vector<Tensor>&
   std::vector<Tensor> product{ops::reshape(out[0], {-1, weight_16.dim(0)})};
   const std::vector<Tensor> operands{rows(x), ops::transpose(weight_16)};
   Matmul matmul;
-  if (x.device().is_cpu()) matmul.eval_cpu(operands, product);
-  else matmul.eval_vulkan(operands, product);
+  eval_on(x.device(), matmul, operands, product);
 }
 
 std::vector<Tensor> AutocastLinear::vjp(const Node& node, const std::vector<Tensor>& cot,

@@ -20,10 +20,7 @@ void check_same(const Tensor& p, const Tensor& t, const char* what, const char* 
 
 void run(Primitive& prim, const std::vector<Tensor>& in) {
   std::vector<Tensor> none;
-  if (in[0].device().is_cpu())
-    prim.eval_cpu(in, none);
-  else
-    prim.eval_vulkan(in, none);
+  eval_on(in[0].device(), prim, in, none);
 }
 
 }  // namespace

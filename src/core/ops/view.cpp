@@ -179,10 +179,7 @@ void copy_into(const Tensor& dst, const Tensor& src) {
     throw ShapeError("copy: devices differ (" + dst.device().str() + " and " + src.device().str() + ")");
   Copy copy;
   std::vector<Tensor> out{dst};
-  if (dst.device().is_cpu())
-    copy.eval_cpu({src}, out);
-  else
-    copy.eval_vulkan({src}, out);
+  eval_on(dst.device(), copy, {src}, out);
 }
 
 namespace ops {
