@@ -72,22 +72,7 @@ void main() {
   [[unroll]] for (uint f = 0; f < FD; ++f) dq[f] = F32M(0.0);
 
   for (int jb = keys.x; jb < keys.y; jb += int(BC)) {
-    LOAD_CHUNKS(NCH, wk, K, 1, uint(jb) + r < p.S, k_at(b, min(uint(jb) + r, p.S - 1u), kv, d0))
-    LOAD_CHUNKS(NCH, wv, V, 2, uint(jb) + r < p.S, v_at(b, min(uint(jb) + r, p.S - 1u), kv, d0))
-    const uint kj = uint(jb) + lane;  // a key flag per lane of subgroup 0 (BC == 32)
-    const bool key_in = int(kj) < keys.y && key_usable(b, kj);
-    const int kdoc = kj < p.S ? doc_of(b, kj) : 0;
-    barrier();
-    STORE_CHUNKS(NCH, wk, 1, kv_s, 0u, uint(jb) + r < p.S)
-    STORE_CHUNKS(NCH, wv, 2, kv_s, BC * DS, uint(jb) + r < p.S)
-    if (sg == 0u) {
-      key_ok[lane] = key_in;
-      key_doc[lane] = kdoc;
-      vote(0u, key_in, kdoc);
-    }
-    barrier();
-    int block_doc;
-    const bool keys_plain = voted(1u, block_doc);
+    STAGE_KEY_BLOCK(jb)
     bool whole[2];
     [[unroll]] for (uint h = 0; h < 2u; ++h)
       whole[h] = row_ok[h] && keys_plain && doc[h] == block_doc && bounds_clear(jb, jb + int(BC) - 1, qpos[h], qpos[h]);
