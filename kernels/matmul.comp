@@ -1,6 +1,6 @@
 #version 450
 // Tiled shared-memory GEMM with f32 accumulation: runs on every Vulkan device (lavapipe included).
-// C = A x B per batch (see matmul_common.glsl for the addressing). A, B: f32, f16 or bf16 (any strides; the
+// C = A x B per batch (+ alpha U V, see matmul_common.glsl for the addressing). A, B: f32, f16 or bf16 (any strides; the
 // dtype is a push constant, 16-bit types are read as halves of 32-bit words, so no 16-bit storage is needed
 // for the inputs); C: f32, f16 or bf16, contiguous. PACKED16 (devices without 16-bit storage) writes 16-bit
 // outputs with atomic and/or on their 32-bit word, since neighbouring threads may own its other half.
@@ -32,6 +32,8 @@ const uint LB = BK * BN / NT;
 
 layout(set = 0, binding = 0) readonly buffer ABuf { uint a32[]; };
 layout(set = 0, binding = 1) readonly buffer BBuf { uint b32[]; };
+layout(set = 0, binding = 3) readonly buffer UBuf { uint u32[]; };
+layout(set = 0, binding = 4) readonly buffer VBuf { uint v32[]; };
 #ifdef PACKED16
 layout(set = 0, binding = 2) buffer CBuf { float c32[]; };
 layout(set = 0, binding = 2) buffer CBufW { uint cw[]; };
@@ -43,18 +45,17 @@ layout(set = 0, binding = 2) writeonly buffer CBuf16 { uint16_t c16[]; };
 shared vec4 As[2 * BK * BM / 4];  // As[buf][k][m]
 shared vec4 Bs[2 * BK * BN / 4];  // Bs[buf][k][n]
 
-float load_a(uint e) {
-  uint dt = a_dtype();
-  if (dt == DT_F32) return uintBitsToFloat(a32[e]);
-  uint h = half_bits(a32[e >> 1], e);
-  return dt == DT_F16 ? f16_bits_to_float(h) : bf16_bits_to_float(h);
-}
-float load_b(uint e) {
-  uint dt = b_dtype();
-  if (dt == DT_F32) return uintBitsToFloat(b32[e]);
-  uint h = half_bits(b32[e >> 1], e);
-  return dt == DT_F16 ? f16_bits_to_float(h) : bf16_bits_to_float(h);
-}
+#define LOAD_FN(NAME, BUF, DTYPE)                                  \
+  float NAME(uint e) {                                             \
+    uint dt = DTYPE();                                             \
+    if (dt == DT_F32) return uintBitsToFloat(BUF[e]);              \
+    uint h = half_bits(BUF[e >> 1], e);                            \
+    return dt == DT_F16 ? f16_bits_to_float(h) : bf16_bits_to_float(h); \
+  }
+LOAD_FN(load_a, a32, a_dtype)
+LOAD_FN(load_b, b32, b_dtype)
+LOAD_FN(load_u, u32, u_dtype)
+LOAD_FN(load_v, v32, v_dtype)
 
 float ra[LA];
 float rb[LB];
@@ -145,6 +146,25 @@ void main() {
     }
     if (t + 1u < ntiles) shared_store(cur ^ 1u, tid);
     barrier();
+  }
+
+  // The low-rank addend alpha U V, read straight from memory (R is small).
+  for (uint k = 0; k < pc.R; ++k) {
+    vec4 u[TM / 4];
+    vec4 v[TN / 4];
+    [[unroll]] for (uint i = 0; i < TM / 4; ++i)
+      [[unroll]] for (uint r = 0; r < 4; ++r) {
+        uint m = m0 + (i * RA + ty) * 4u + r;
+        u[i][r] = m < pc.M ? pc.alpha * load_u(pc.u_off + m * pc.u_rs + k * pc.u_cs) : 0.0;
+      }
+    [[unroll]] for (uint j = 0; j < TN / 4; ++j)
+      [[unroll]] for (uint c = 0; c < 4; ++c) {
+        uint n = n0 + (j * RB + tx) * 4u + c;
+        v[j][c] = n < pc.N ? load_v(pc.v_off + k * pc.v_rs + n * pc.v_cs) : 0.0;
+      }
+    [[unroll]] for (uint i = 0; i < TM / 4; ++i)
+      [[unroll]] for (uint r = 0; r < 4; ++r)
+        [[unroll]] for (uint j = 0; j < TN / 4; ++j) acc[i * 4 + r][j] += u[i][r] * v[j];
   }
 
   [[unroll]] for (uint i = 0; i < TM / 4; ++i)

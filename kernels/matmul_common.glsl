@@ -1,7 +1,8 @@
 // Shared by matmul.comp (scalar) and matmul_coopmat.comp: the push-constant block (mirrored by MatmulParams
 // in src/backend/vulkan/matmul.cpp), element-type codes, and float <-> f16/bf16 bit conversions.
 //
-// C[z][m][n] = sum_k A[z][m][k] * B[z][k][n] for one output tile per workgroup. Element (m, k) of A lives at
+// C[z][m][n] = sum_k A[z][m][k] * B[z][k][n] (+ alpha * sum_r U[m][r] * V[r][n] where R > 0: a low-rank
+// addend such as a LoRA adapter's delta, unbatched and without split-K) for one output tile per workgroup. Element (m, k) of A lives at
 // a_off + b0 * a_bs0 + b1 * a_bs1 + m * a_rs + k * a_cs (likewise B with rows k, cols n), so transposed
 // operands are just swapped strides and broadcast batch dims have stride 0. gl_WorkGroupID.z = batch * nsplit
 // + split: with split-K, split s sums k in [s * k_split, (s + 1) * k_split) and writes f32 partials to slice
@@ -24,6 +25,10 @@ layout(push_constant) uniform MatmulParams {
   uint k_split;  // K elements per split (a multiple of the kernel's K step); >= K without split-K
   uint nsplit;
   uint flags;    // FLAG_* below
+  uint u_off, u_rs, u_cs;  // the low-rank addend: U [M, R] and V [R, N] at bindings 3 and 4, element offsets
+  uint v_off, v_rs, v_cs;  // and strides as for A and B (dtypes: bits 12 and 16 of `dtypes`)
+  uint R;                  // 0: no addend
+  float alpha;
 } pc;
 
 #define FLAG_A_VEC 1u  // A's contiguous dim, offset, other strides are multiples of 8 elements (f32: of 4)
@@ -36,6 +41,8 @@ layout(push_constant) uniform MatmulParams {
 uint a_dtype() { return pc.dtypes & 15u; }
 uint b_dtype() { return (pc.dtypes >> 4) & 15u; }
 uint c_dtype() { return (pc.dtypes >> 8) & 15u; }
+uint u_dtype() { return (pc.dtypes >> 12) & 15u; }
+uint v_dtype() { return (pc.dtypes >> 16) & 15u; }
 
 // Batch offsets of A and B, and the element offset of C's slice, for workgroup z.
 void batch_offsets(uint z, out uint a_base, out uint b_base, out uint c_base, out uint split) {

@@ -7,6 +7,9 @@
 // Same push constants, bindings and tile defines (BM, BN, WM, WN, NSTAGE, TA, TB) as matmul_coopmat.comp.
 // SH16 = 1: operands stored transposed in memory (TA / TB) are staged into a float16_t shared array and read with
 // column-major coopMatLoadNV from it (SH16 = 0: from the uvec4 array, as the general kernel does).
+// A low-rank addend alpha U V (pc.R > 0: 16-bit U and V laid out as A and B, with vector access, R a multiple of
+// 8) runs as ceil(R / BK) more K tiles through the same staging, zero beyond R: a LoRA adapter's delta costs no
+// [M, N] pass of its own.
 // The epilogue writes f32 fragments straight to C; f16 / bf16 C goes through shared memory (reusing A's tile).
 #extension GL_KHR_memory_scope_semantics : enable
 #extension GL_NV_cooperative_matrix : require
@@ -84,6 +87,8 @@ layout(set = 0, binding = 0) readonly buffer ABuf4 { uvec4 a128[]; };
 layout(set = 0, binding = 1) readonly buffer BBuf4 { uvec4 b128[]; };
 layout(set = 0, binding = 2) writeonly buffer CBuf { float c32[]; };
 layout(set = 0, binding = 2) writeonly buffer CBufH4 { uvec4 ch128[]; };
+layout(set = 0, binding = 3) readonly buffer UBuf4 { uvec4 u128[]; };
+layout(set = 0, binding = 4) readonly buffer VBuf4 { uvec4 v128[]; };
 
 #if A16
 shared float16_t As[NSTAGE * ASZH];
@@ -168,7 +173,37 @@ void global_load(uint k0, uint tid) {
     if (B_HAS(i)) rb[i] = vec8_b(BDT, b_e[i] + bk);
 }
 
-void shared_store(uint buf, uint tid) {
+// K tile r0 / BK of the addend into the staging registers as f16 (U scaled by alpha), zero where r >= R.
+void lowrank_load(uint r0, uint tid, uint m0, uint n0) {
+  [[unroll]] for (uint i = 0; i < A_LD; ++i) {
+    if (!A_HAS(i)) continue;
+    uint m, k;
+    a_chunk(tid + i * NT, m, k);
+#if TA
+    uint e = pc.u_off + (r0 + k) * pc.u_cs + m0 + m;
+#else
+    uint e = pc.u_off + (m0 + m) * pc.u_rs + r0 + k;
+#endif
+    ra[i] = uvec4(0);
+    if (r0 + k < pc.R) {
+      uvec4 w = as_f16(u_dtype(), u128[e >> 3]);
+      [[unroll]] for (uint q = 0; q < 4; ++q) ra[i][q] = packHalf2x16(unpackHalf2x16(w[q]) * pc.alpha);
+    }
+  }
+  [[unroll]] for (uint i = 0; i < B_LD; ++i) {
+    if (!B_HAS(i)) continue;
+    uint k, n;
+    b_chunk(tid + i * NT, k, n);
+#if TB
+    uint e = pc.v_off + (n0 + n) * pc.v_cs + r0 + k;
+#else
+    uint e = pc.v_off + (r0 + k) * pc.v_rs + n0 + n;
+#endif
+    rb[i] = r0 + k < pc.R ? as_f16(v_dtype(), v128[e >> 3]) : uvec4(0);
+  }
+}
+
+void shared_store(uint buf, uint tid, uint adt, uint bdt) {
   [[unroll]] for (uint i = 0; i < A_LD; ++i) {
     if (!A_HAS(i)) continue;
     uint m, k;
@@ -178,7 +213,7 @@ void shared_store(uint buf, uint tid) {
 #else
     uint h = buf * ASZH + m * ASTRH + k;
 #endif
-    uvec4 v16 = as_f16(ADT, ra[i]);
+    uvec4 v16 = as_f16(adt, ra[i]);
 #if A16
     [[unroll]] for (uint w = 0; w < 4; ++w) {
       f16vec2 v = unpackFloat2x16(v16[w]);
@@ -197,7 +232,7 @@ void shared_store(uint buf, uint tid) {
 #else
     uint h = buf * BSZH + k * BSTRH + n;
 #endif
-    uvec4 v16 = as_f16(BDT, rb[i]);
+    uvec4 v16 = as_f16(bdt, rb[i]);
 #if B16
     [[unroll]] for (uint w = 0; w < 4; ++w) {
       f16vec2 v = unpackFloat2x16(v16[w]);
@@ -208,6 +243,27 @@ void shared_store(uint buf, uint tid) {
 #endif
   }
 }
+
+// The subgroup's products over the shared K tile in stage `cur` (a macro: acc, wm and wn are main()'s).
+#if TA
+#define LOAD_A_FRAG(i, cur, ks, r) coopMatLoadNV(a[i], As, AOFF(cur * ASZH + ks * 16 * ASTRH + r), ASTR_L, true)
+#else
+#define LOAD_A_FRAG(i, cur, ks, r) coopMatLoadNV(a[i], As, AOFF(cur * ASZH + r * ASTRH + ks * 16), ASTR_L, false)
+#endif
+#if TB
+#define LOAD_B_FRAG(j, cur, ks, c) coopMatLoadNV(b[j], Bs, BOFF(cur * BSZH + c * BSTRH + ks * 16), BSTR_L, true)
+#else
+#define LOAD_B_FRAG(j, cur, ks, c) coopMatLoadNV(b[j], Bs, BOFF(cur * BSZH + ks * 16 * BSTRH + c), BSTR_L, false)
+#endif
+#define MULTIPLY_TILE(cur)                                                                         \
+  [[unroll]] for (uint ks = 0; ks < BK / 16; ++ks) {                                               \
+    fcoopmatNV<16, gl_ScopeSubgroup, 16, 16> a[FM];                                                \
+    fcoopmatNV<16, gl_ScopeSubgroup, 16, 16> b[FN];                                                \
+    [[unroll]] for (uint i = 0; i < FM; ++i) LOAD_A_FRAG(i, (cur), ks, (wm * WM + i * 16));        \
+    [[unroll]] for (uint j = 0; j < FN; ++j) LOAD_B_FRAG(j, (cur), ks, (wn * WN + j * 16));        \
+    [[unroll]] for (uint i = 0; i < FM; ++i)                                                       \
+      [[unroll]] for (uint j = 0; j < FN; ++j) acc[i][j] = coopMatMulAddNV(a[i], b[j], acc[i][j]); \
+  }
 
 void main() {
   uint tid = gl_LocalInvocationID.x;
@@ -236,39 +292,27 @@ void main() {
 
   uint ntiles = (kend - kbeg) / BK;
   global_load(kbeg, tid);
-  shared_store(0u, tid);
+  shared_store(0u, tid, ADT, BDT);
   barrier();
   for (uint t = 0; t < ntiles; ++t) {
     uint cur = NSTAGE == 2 ? (t & 1u) : 0u;
     if (t + 1u < ntiles) global_load(kbeg + (t + 1u) * BK, tid);
-    [[unroll]] for (uint ks = 0; ks < BK / 16; ++ks) {
-      fcoopmatNV<16, gl_ScopeSubgroup, 16, 16> a[FM];
-      fcoopmatNV<16, gl_ScopeSubgroup, 16, 16> b[FN];
-      [[unroll]] for (uint i = 0; i < FM; ++i) {
-        uint r = wm * WM + i * 16;
-#if TA
-        coopMatLoadNV(a[i], As, AOFF(cur * ASZH + ks * 16 * ASTRH + r), ASTR_L, true);
-#else
-        coopMatLoadNV(a[i], As, AOFF(cur * ASZH + r * ASTRH + ks * 16), ASTR_L, false);
-#endif
-      }
-      [[unroll]] for (uint j = 0; j < FN; ++j) {
-        uint c = wn * WN + j * 16;
-#if TB
-        coopMatLoadNV(b[j], Bs, BOFF(cur * BSZH + c * BSTRH + ks * 16), BSTR_L, true);
-#else
-        coopMatLoadNV(b[j], Bs, BOFF(cur * BSZH + ks * 16 * BSTRH + c), BSTR_L, false);
-#endif
-      }
-      [[unroll]] for (uint i = 0; i < FM; ++i)
-        [[unroll]] for (uint j = 0; j < FN; ++j) acc[i][j] = coopMatMulAddNV(a[i], b[j], acc[i][j]);
-    }
+    MULTIPLY_TILE(cur)
     if (t + 1u < ntiles) {
 #if NSTAGE == 1
       barrier();
 #endif
-      shared_store(NSTAGE == 2 ? (cur ^ 1u) : 0u, tid);
+      shared_store(NSTAGE == 2 ? (cur ^ 1u) : 0u, tid, ADT, BDT);
     }
+    barrier();
+  }
+  // The addend's tiles, one at a time (a separate loop: folding them into the one above cost its dtype-specialized
+  // staging 8% of its speed).
+  for (uint r0 = 0; r0 < pc.R; r0 += BK) {
+    lowrank_load(r0, tid, m0, n0);
+    shared_store(0u, tid, DT_F16, DT_F16);
+    barrier();
+    MULTIPLY_TILE(0u)
     barrier();
   }
 

@@ -85,11 +85,18 @@ Tensor linear_cross_entropy(const Tensor& hidden, const Tensor& weight, const Te
 Tensor matmul(const Tensor& a, const Tensor& b);
 // The same with the output in out_dtype (e.g. f32 results of bf16 operands, without rounding them to bf16).
 Tensor matmul(const Tensor& a, const Tensor& b, DType out_dtype);
+// a [M, K] x b [K, N] + alpha * u [M, R] x v [R, N] in one pass over the output (a LoRA delta fused into the base
+// product); output in out_dtype.
+Tensor matmul_low_rank(const Tensor& a, const Tensor& b, const Tensor& u, const Tensor& v, float alpha,
+                       DType out_dtype);
 // x [..., K] times weight [N, K] transposed (+ bias [N]): the layout of HF linear layers.
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor());
 // f16/bf16 x [..., K] times an f32 weight [N, K] transposed, on the 16-bit path, with the weight's gradient in f32
 // (core/ops/autocast_linear.cpp): how 16-bit training runs the LoRA factors.
 Tensor autocast_linear(const Tensor& x, const Tensor& weight);
+// x Wᵀ + scale (x Aᵀ) Bᵀ for f16/bf16 x [..., K], weight [N, K], f32 LoRA factors A [R, K], B [N, R], the delta fused
+// into the base product forward and backward, the factors' gradients in f32 (core/ops/lora_linear.cpp).
+Tensor lora_linear(const Tensor& x, const Tensor& weight, const Tensor& a, const Tensor& b, float scale);
 
 // ---- normalization, rotary embedding, embedding (core/ops/nn.cpp) ----
 Tensor rms_norm(const Tensor& x, const Tensor& weight, float eps);                     // over the last axis

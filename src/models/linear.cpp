@@ -2,6 +2,8 @@
 #include "models/linear.h"
 
 #include <cmath>
+#include <cstdlib>
+#include <string>
 
 #include "core/autodiff.h"
 #include "core/error.h"
@@ -53,6 +55,19 @@ LoraDropoutScope::LoraDropoutScope(uint64_t seed, uint64_t step, uint64_t micro)
 LoraDropoutScope::~LoraDropoutScope() { g_dropout.active = false; }
 
 Tensor Linear::operator()(const Tensor& x) const {
+  // One adapter under autocast (how lmtune trains): its delta is multiplied into the base product, forward and
+  // backward (ops::lora_linear).
+  static const bool fused = [] {
+    const char* v = std::getenv("LMTUNE_FUSED_LORA");  // 0: the composed form (A/B timing)
+    return !(v && std::string(v) == "0");
+  }();
+  if (fused && adapters.size() == 1 && !bias.defined()) {
+    const LoraAdapter& a = adapters[0];
+    const bool half = x.dtype() == DType::f16 || x.dtype() == DType::bf16;
+    const bool dropout = g_dropout.active && a.dropout > 0;
+    if (half && !dropout && a.A.dtype() == DType::f32 && a.B.dtype() == DType::f32)
+      return ops::lora_linear(x, weight, a.A, a.B, a.scale);
+  }
   // matmul takes mixed operand dtypes (f32 accumulation) and writes x's dtype, so no weight copies are made.
   Tensor y = ops::linear(x, weight, bias);
   for (const LoraAdapter& a : adapters) y = ops::add(y, lora_delta(a, x));

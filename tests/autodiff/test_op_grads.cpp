@@ -175,6 +175,23 @@ TEST(OpGrads, MatmulAndLinear) {
                   {f32_input({2, 3, 5}, 21), f32_input({4, 5}, 22), f32_input({4}, 23)});
 }
 
+TEST(OpGrads, MatmulLowRank) {
+  auto ref_fn = [](double alpha) {
+    return [alpha](const RA& in) {
+      return RA{ref::binary(ref::matmul(in[0], in[1]), ref::matmul(in[2], in[3]),
+                            [alpha](double p, double q) { return p + alpha * q; })};
+    };
+  };
+  check_gradients([](const V& in) { return V{ops::matmul_low_rank(in[0], in[1], in[2], in[3], 1.5f, DType::f32)}; },
+                  ref_fn(1.5),
+                  {f32_input({5, 7}, 26), f32_input({7, 4}, 27, Layout::transposed), f32_input({5, 3}, 28),
+                   f32_input({3, 4}, 29, Layout::transposed)});
+  check_gradients([](const V& in) { return V{ops::matmul_low_rank(in[0], in[1], in[2], in[3], 1.0f, DType::f32)}; },
+                  ref_fn(1.0),
+                  {f32_input({3, 2}, 30, Layout::transposed), f32_input({2, 6}, 31), f32_input({3, 1}, 32),
+                   f32_input({1, 6}, 33)});
+}
+
 TEST(OpGrads, Norms) {
   check_gradients([](const V& in) { return V{ops::rms_norm(in[0], in[1], 1e-5f)}; },
                   [](const RA& in) { return RA{ref::rms_norm(in[0], in[1], 1e-5)}; },

@@ -95,6 +95,104 @@ TEST_P(OpTest, AutocastLinear) {
                lmtune::ShapeError);
 }
 
+// A product with a low-rank addend, a b + α u v, against double arithmetic: odd sizes (scalar or general
+// kernel, then the addend composed), tile-sized 16-bit addends (more K tiles of the fast coopmat kernel where
+// the device has it, R below, at and above its K step; composed when U's or V's layout differs from A's or
+// B's), and either layout of every operand.
+TEST_P(OpTest, MatmulLowRank) {
+  struct Case {
+    int64_t M, K, N, R;
+    DType dt, low;
+  };
+  const std::vector<Case> cases{
+      {37, 65, 19, 5, DType::f32, DType::f32},       {37, 65, 19, 5, DType::bf16, DType::f16},
+      {256, 64, 256, 16, DType::bf16, DType::f16},   {128, 96, 128, 32, DType::f16, DType::f16},
+      {128, 64, 128, 16, DType::bf16, DType::bf16},  {128, 64, 256, 8, DType::bf16, DType::bf16},
+      {256, 32, 128, 40, DType::f16, DType::bf16}};
+  for (const Case& c : cases)
+    for (Layout lb : {Layout::contiguous, Layout::transposed})
+      for (Layout lu : {Layout::contiguous, Layout::transposed})
+        for (Layout lv : {Layout::contiguous, Layout::transposed}) {
+          LMTUNE_CASE(c.M << "x" << c.K << "x" << c.N << " R " << c.R << " " << dtype_name(c.dt) << " addend "
+                          << dtype_name(c.low) << " b " << layout_name(lb) << " u " << layout_name(lu) << " v "
+                          << layout_name(lv));
+          Tensor a = make_input({c.M, c.K}, c.dt, dev(), 82);
+          Tensor b = make_input({c.K, c.N}, c.dt, dev(), 83, lb);
+          Tensor u = make_input({c.M, c.R}, c.low, dev(), 84, lu);
+          Tensor v = make_input({c.R, c.N}, c.low, dev(), 85, lv);
+          Tensor y = ops::matmul_low_rank(a, b, u, v, 1.75f, c.dt);
+          ref::Array want = ref::binary(ref::matmul(ref::of(a), ref::of(b)), ref::matmul(ref::of(u), ref::of(v)),
+                                        [](double p, double q) { return p + 1.75 * q; });
+          EXPECT_EQ(y.dtype(), c.dt);
+          EXPECT_TRUE(close(y, want, c.dt));
+        }
+  EXPECT_THROW(ops::matmul_low_rank(make_input({4, 3}, DType::f32, dev(), 86), make_input({3, 5}, DType::f32, dev(), 87),
+                                    make_input({4, 2}, DType::f32, dev(), 88), make_input({3, 5}, DType::f32, dev(), 89),
+                                    1.0f, DType::f32),
+               lmtune::ShapeError);
+}
+
+// One LoRA adapter fused into its linear layer (ops::lora_linear) against double arithmetic on the same operand
+// values (factors and the rank-R intermediate rounded to f16, as the op keeps them): output, all four gradients
+// (the factors' in f32), and forward mode against reverse mode.
+TEST_P(OpTest, LoraLinear) {
+  struct Case {
+    Shape x;
+    int64_t N, R;
+    DType dt;
+  };
+  const std::vector<Case> cases{{{3, 13, 33}, 17, 5, DType::bf16}, {{2, 64, 64}, 128, 16, DType::bf16},
+                                {{2, 64, 64}, 128, 16, DType::f16}};
+  const float s = 2.5f;
+  for (const Case& c : cases) {
+    LMTUNE_CASE(to_string(c.x) << " N " << c.N << " R " << c.R << " " << dtype_name(c.dt));
+    const int64_t K = c.x.back(), M = numel(c.x) / K;
+    Tensor x = make_input(c.x, c.dt, dev(), 90);
+    Tensor w = make_input({c.N, K}, c.dt, dev(), 91);
+    Tensor a = make_input({c.R, K}, DType::f32, dev(), 92);
+    Tensor b = make_input({c.N, c.R}, DType::f32, dev(), 93);
+    Shape yshape = c.x;
+    yshape.back() = c.N;
+    Tensor cot = ops::cast(make_input(yshape, DType::f32, dev(), 94), c.dt);
+    auto f = [&](const std::vector<Tensor>& in) {
+      return std::vector<Tensor>{ops::lora_linear(in[0], in[1], in[2], in[3], s)};
+    };
+    auto loss = [&](const std::vector<Tensor>& in) {
+      return std::vector<Tensor>{ops::sum_all(ops::cast(ops::mul(f(in)[0], cot), DType::f32))};
+    };
+    auto [value, grads] = value_and_grad(loss)({x, w, a, b});
+    const ref::Array x2 = ref::reshape(ref::of(x), {M, K}), g = ref::reshape(ref::of(cot), {M, c.N}), rw = ref::of(w);
+    const ref::Array a16 = ref::of(ops::cast(a, DType::f16)), b16 = ref::of(ops::cast(b, DType::f16));
+    auto times = [](const ref::Array& t, double k) { return ref::unary(t, [k](double e) { return k * e; }); };
+    auto plus = [](const ref::Array& p, const ref::Array& q) {
+      return ref::binary(p, q, [](double l, double r) { return l + r; });
+    };
+    auto tr = [](const ref::Array& t) { return ref::transpose(t, 0, 1); };
+    const ref::Array down = ref::matmul(x2, tr(a16));
+    const ref::Array y = plus(ref::matmul(x2, tr(rw)), times(ref::matmul(down, tr(b16)), s));
+    EXPECT_TRUE(close(f({x, w, a, b})[0], ref::reshape(y, yshape), c.dt));
+    const ref::Array gb = times(ref::matmul(g, b16), s);
+    ASSERT_EQ(grads[2].dtype(), DType::f32);
+    ASSERT_EQ(grads[3].dtype(), DType::f32);
+    EXPECT_TRUE(close(grads[0], ref::reshape(plus(ref::matmul(g, rw), ref::matmul(gb, a16)), c.x), c.dt));
+    EXPECT_TRUE(close(grads[1], ref::matmul(tr(g), x2), c.dt));
+    EXPECT_TRUE(close(grads[2], ref::matmul(tr(gb), x2), DType::f16));
+    EXPECT_TRUE(close(grads[3], times(ref::matmul(tr(g), down), s), DType::f16));
+    // Forward mode: <J t, cot> = <t, Jᵀ cot> with tangents on all four inputs.
+    std::vector<Tensor> t{ops::cast(make_input(c.x, DType::f32, dev(), 95), c.dt),
+                          ops::cast(make_input({c.N, K}, DType::f32, dev(), 96), c.dt),
+                          make_input({c.R, K}, DType::f32, dev(), 97), make_input({c.N, c.R}, DType::f32, dev(), 98)};
+    Tensor jt = jvp(f, {x, w, a, b}, t).second[0];
+    double lhs = ops::sum_all(ops::mul(ops::cast(jt, DType::f32), ops::cast(cot, DType::f32))).item(), rhs = 0;
+    for (size_t i = 0; i < 4; ++i)
+      rhs += ops::sum_all(ops::mul(ops::cast(grads[i], DType::f32), ops::cast(t[i], DType::f32))).item();
+    EXPECT_NEAR(lhs, rhs, 2e-2 * std::abs(rhs) + 1e-2);
+  }
+  EXPECT_THROW(ops::lora_linear(make_input({2, 3}, DType::f32, dev(), 99), make_input({4, 3}, DType::f32, dev(), 100),
+                                make_input({2, 3}, DType::f32, dev(), 101), make_input({4, 2}, DType::f32, dev(), 102), 1.0f),
+               lmtune::ShapeError);
+}
+
 TEST_P(OpTest, Linear) {
   for (DType dt : float_dtypes())
     for (Layout lx : {Layout::contiguous, Layout::transposed, Layout::strided}) {

@@ -58,6 +58,16 @@ void gemm_args(int64_t rows, int64_t cols, int64_t rs, int64_t cs, CBLAS_TRANSPO
   }
 }
 
+// A result computed in f32 scratch, stored in y's 16-bit dtype (nothing to do for f32 y, computed in place).
+void store_result(Tensor& y, const float* ybase) {
+  if (y.dtype() == DType::f32) return;
+  char* dst = cpu::base_ptr(y);
+  size_t es = dtype_size(y.dtype());
+  cpu::for_each_row(y.shape(), {y.strides()}, [&](const int64_t* o, const int64_t* s, int64_t n) {
+    cpu::store_row(dst + o[0] * int64_t(es), y.dtype(), s[0], n, ybase + o[0]);
+  });
+}
+
 }  // namespace
 
 void Matmul::eval_cpu(const std::vector<Tensor>& in, std::vector<Tensor>& out) {
@@ -110,13 +120,29 @@ void Matmul::eval_cpu(const std::vector<Tensor>& in, std::vector<Tensor>& out) {
   else
     run(0, nbatch);
 
-  if (y.dtype() != DType::f32) {
-    char* dst = cpu::base_ptr(y);
-    size_t es = dtype_size(y.dtype());
-    cpu::for_each_row(y.shape(), {y.strides()}, [&](const int64_t* o, const int64_t* s, int64_t n) {
-      cpu::store_row(dst + o[0] * int64_t(es), y.dtype(), s[0], n, ybase + o[0]);
-    });
-  }
+  store_result(y, ybase);
+}
+
+void MatmulLowRank::eval_cpu(const std::vector<Tensor>& in, std::vector<Tensor>& out) {
+  Tensor& y = out[0];
+  if (y.numel() == 0) return;
+  const int64_t M = y.dim(0), N = y.dim(1), K = in[0].dim(1), R = in[2].dim(1);
+  std::vector<float> yscratch;
+  float* ybase = y.dtype() == DType::f32 ? cpu::data<float>(y) : (yscratch.resize(size_t(y.numel())), yscratch.data());
+  // C = A B, then C += alpha U V (sgemm's beta).
+  auto gemm = [&](const Tensor& at, const Tensor& bt, int64_t inner, float alpha, float beta) {
+    Operand a = prepare(at), b = prepare(bt);
+    CBLAS_TRANSPOSE ta, tb;
+    int lda, ldb;
+    gemm_args(M, inner, a.strides[0], a.strides[1], ta, lda);
+    gemm_args(inner, N, b.strides[0], b.strides[1], tb, ldb);
+    cblas_sgemm(CblasRowMajor, ta, tb, int(M), int(N), int(inner), alpha, a.base, lda, b.base, ldb, beta, ybase,
+                int(N));
+  };
+  if (K > 0) gemm(in[0], in[1], K, 1.0f, 0.0f);
+  else std::memset(ybase, 0, size_t(M * N) * sizeof(float));
+  if (R > 0) gemm(in[2], in[3], R, alpha, 1.0f);
+  store_result(y, ybase);
 }
 
 }  // namespace lmtune

@@ -12,6 +12,7 @@
 
 #include "backend/vulkan/dispatch.h"
 #include "core/error.h"
+#include "core/ops/elementwise.h"
 #include "core/ops/matmul.h"
 
 namespace lmtune {
@@ -29,8 +30,12 @@ struct MatmulParams {
   uint32_t k_split;
   uint32_t nsplit;
   uint32_t flags;
+  uint32_t u_off, u_rs, u_cs;
+  uint32_t v_off, v_rs, v_cs;
+  uint32_t R;
+  float alpha;
 };
-static_assert(sizeof(MatmulParams) == 19 * 4);
+static_assert(sizeof(MatmulParams) == 27 * 4);
 constexpr uint32_t kFlagAVec = 1, kFlagBVec = 2, kFlagCVec = 4;
 
 struct SplitKParams {
@@ -259,20 +264,19 @@ bool coopmat_available(int index) {
 
 }  // namespace vk
 
-void Matmul::eval_vulkan(const std::vector<Tensor>& in, std::vector<Tensor>& out) {
-  using namespace vk;
-  const Tensor& a = in[0];
-  const Tensor& b = in[1];
-  Tensor& c = out[0];
+namespace vk {
+
+bool record_matmul(const Tensor& a, const Tensor& b, Tensor& c, const LowRankTerm* lr) {
   Context& ctx = context_for(c.device());
   const Features& feat = ctx.features();
   const MatmulOptions& opt = matmul_options();
 
   const uint64_t M = uint64_t(c.dim(-2)), N = uint64_t(c.dim(-1)), K = uint64_t(a.dim(-1));
-  if (M == 0 || N == 0) return;
+  if (M == 0 || N == 0) return true;
   if (K == 0) {
+    if (lr) return false;
     ctx.fill_buffer({c.buffer(), true}, 0);
-    return;
+    return true;
   }
   for (const Tensor* t : {&a, &b, static_cast<const Tensor*>(&c)})
     if (t->buffer()->bytes() > (uint64_t(1) << 32) - 1)
@@ -321,7 +325,18 @@ void Matmul::eval_vulkan(const std::vector<Tensor>& in, std::vector<Tensor>& out
   if (batch.size() > 2) outer.assign(batch.begin(), batch.end() - 2);
   uint64_t n_outer = 1;
   for (const auto& d : outer) n_outer *= uint64_t(d.size);
-  bool allow_split = n_outer == 1 && nbatch * 16 <= kMaxGroupsZ;
+  bool allow_split = n_outer == 1 && nbatch * 16 <= kMaxGroupsZ && !lr;
+  if (lr && nbatch != 1) return false;
+  // The low-rank addend in the fast kernel (more K tiles through its staging): 16-bit U and V laid out as A and B
+  // with vector access, R a multiple of 8.
+  bool lr_fast = false;
+  if (lr) {
+    const Tensor &u = *lr->u, &v = *lr->v;
+    auto is16 = [](DType t) { return t == DType::f16 || t == DType::bf16; };
+    lr_fast = is16(u.dtype()) && is16(v.dtype()) && u.dim(1) % 8 == 0 &&
+              vector_staging(u.dtype(), ta, u.strides()[0], u.strides()[1], u.offset(), 0, 0) &&
+              vector_staging(v.dtype(), tb, v.strides()[0], v.strides()[1], v.offset(), 0, 0);
+  }
 
   // Some tiles exist only in the fast kernel: every dispatch must have vector access to A, B and C.
   const bool fast_only = use_cm && fast_kernel_enabled() && n_outer == 1 &&
@@ -356,6 +371,14 @@ void Matmul::eval_vulkan(const std::vector<Tensor>& in, std::vector<Tensor>& out
   p.dtypes = dtype_code(a.dtype()) | dtype_code(b.dtype()) << 4 | dtype_code(dst.dtype()) << 8;
   p.k_split = uint32_t(k_split);
   p.nsplit = nsplit;
+  if (lr) {
+    const Tensor &u = *lr->u, &v = *lr->v;
+    p.u_off = uint32_t(u.offset()); p.u_rs = uint32_t(u.strides()[0]); p.u_cs = uint32_t(u.strides()[1]);
+    p.v_off = uint32_t(v.offset()); p.v_rs = uint32_t(v.strides()[0]); p.v_cs = uint32_t(v.strides()[1]);
+    p.R = uint32_t(u.dim(1));
+    p.alpha = lr->alpha;
+    p.dtypes |= dtype_code(u.dtype()) << 12 | dtype_code(v.dtype()) << 16;
+  }
 
   if (uint64_t(d1.size) * nsplit > kMaxGroupsZ)
     throw ShapeError("matmul: batch dim of " + std::to_string(d1.size) + " is too large for one dispatch");
@@ -365,6 +388,10 @@ void Matmul::eval_vulkan(const std::vector<Tensor>& in, std::vector<Tensor>& out
   const uint32_t gx = uint32_t(div_up(N, plan.bn)), gy = uint32_t(div_up(M, plan.bm));
   if (gy > 65535) throw ShapeError("matmul: M = " + std::to_string(M) + " is too large for one dispatch");
   std::vector<Binding> bindings{{a.buffer(), false}, {b.buffer(), false}, {dst.buffer(), true}};
+  // The scalar and fast kernels read U and V at bindings 3 and 4 (A and B again when there is no addend).
+  std::vector<Binding> bindings5 = bindings;
+  bindings5.push_back({lr ? lr->u->buffer() : a.buffer(), false});
+  bindings5.push_back({lr ? lr->v->buffer() : b.buffer(), false});
 
   bool used_fast = false;
   for (uint64_t o = 0; o < n_outer; ++o) {
@@ -399,9 +426,10 @@ void Matmul::eval_vulkan(const std::vector<Tensor>& in, std::vector<Tensor>& out
         bool fast = M % plan.bm == 0 && N % plan.bn == 0 && kstep && (q.flags & kFlagAVec) &&
                     (q.flags & kFlagBVec) && (q.flags & kFlagCVec);
         std::vector<uint32_t> spec{dtype_code(a.dtype()), dtype_code(b.dtype()), dtype_code(dst.dtype())};
+        if (lr && !(fast && fast_kernel_enabled() && lr_fast)) return false;  // nothing recorded yet
         if (fast && fast_kernel_enabled()) {
           ctx.dispatch(std::string("matmul_cmf_") + plan.tile + (kstep == 16 ? "16" : "") + kernel.substr(11),
-                       bindings, q, groups, spec);
+                       bindings5, q, groups, spec);
           used_fast = true;
         } else {
           if (plan.tile == 'w' || plan.tile == 'n' || plan.tile == 'q')
@@ -410,7 +438,7 @@ void Matmul::eval_vulkan(const std::vector<Tensor>& in, std::vector<Tensor>& out
           ctx.dispatch(kernel, bindings, q, groups, spec);
         }
       }
-      else ctx.dispatch(kernel, bindings, q, groups, plan.spec);
+      else ctx.dispatch(kernel, bindings5, q, groups, plan.spec);
     }
   }
   if (used_fast) {
@@ -428,6 +456,29 @@ void Matmul::eval_vulkan(const std::vector<Tensor>& in, std::vector<Tensor>& out
     ctx.dispatch(variant(ctx, "matmul_splitk"), {{dst.buffer(), false}, {c.buffer(), true}}, s,
                  Groups{s.groups_x, uint32_t(div_up(groups, s.groups_x)), 1});
   }
+  return true;
+}
+
+}  // namespace vk
+
+void Matmul::eval_vulkan(const std::vector<Tensor>& in, std::vector<Tensor>& out) {
+  vk::record_matmul(in[0], in[1], out[0], nullptr);
+}
+
+// The addend in the kernel where it can go (scalar kernel; fast coopmat kernel, see record_matmul), else three
+// more dispatches: U V into a temporary, scaled, added.
+void MatmulLowRank::eval_vulkan(const std::vector<Tensor>& in, std::vector<Tensor>& out) {
+  const vk::LowRankTerm lr{&in[2], &in[3], alpha};
+  if (vk::record_matmul(in[0], in[1], out[0], &lr)) return;
+  vk::record_matmul(in[0], in[1], out[0], nullptr);
+  std::vector<Tensor> t{Tensor::empty(out[0].shape(), out[0].dtype(), out[0].device())};
+  vk::record_matmul(in[2], in[3], t[0], nullptr);
+  if (alpha != 1.0f) {
+    Unary scale(UnaryOp::scale, alpha);
+    eval_on(t[0].device(), scale, {t[0]}, t);
+  }
+  Binary add(BinaryOp::add);
+  eval_on(t[0].device(), add, {out[0], t[0]}, out);
 }
 
 }  // namespace lmtune

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "core/dtype.h"
+#include "core/tensor.h"
 
 namespace lmtune::vk {
 
@@ -37,6 +38,16 @@ std::string last_matmul_kernel();
 // multiple of 8 elements (4 for f32, loaded as vec4). Every tile interior and both operands vector: the fast
 // kernel (matmul_coopmat_fast.comp).
 bool vector_staging(DType t, bool transposed, int64_t rs, int64_t cs, int64_t off, int64_t bs0, int64_t bs1);
+
+// Records C = A B (+ alpha U V with `lr`: U [M, R], V [R, N], unbatched) on C's device. Returns false, recording
+// nothing, when the addend cannot go into the kernel this product takes (batched, K = 0, or the general coopmat
+// kernel); the caller then composes it.
+struct LowRankTerm {
+  const Tensor* u;
+  const Tensor* v;
+  float alpha;
+};
+bool record_matmul(const Tensor& a, const Tensor& b, Tensor& c, const LowRankTerm* lr);
 
 // Whether device `index` can run the cooperative-matrix kernel (ignores the options above).
 bool coopmat_available(int index);

@@ -59,6 +59,36 @@ std::vector<Tensor> Matmul::jvp(const Node& node, const std::vector<Tensor>& t) 
   return {r};
 }
 
+// y = a b + α u v: each operand's gradient is the plain matmul one, α-scaled for u and v.
+std::vector<Tensor> MatmulLowRank::vjp(const Node& node, const std::vector<Tensor>& cot,
+                                       const std::vector<bool>& wanted) {
+  using namespace ops;
+  const Tensor& g = cot[0];
+  if (!g.defined()) return {Tensor(), Tensor(), Tensor(), Tensor()};
+  const Tensor &a = node.inputs[0], &b = node.inputs[1], &u = node.inputs[2], &v = node.inputs[3];
+  auto scaled = [&](const Tensor& t) { return alpha == 1.0f ? t : scale(t, alpha); };
+  std::vector<Tensor> r(4);
+  if (wanted[0]) r[0] = cast_to(matmul(g, transpose(b)), a.dtype());
+  if (wanted[1]) r[1] = cast_to(matmul(transpose(cast_to(a, g.dtype())), g), b.dtype());
+  if (wanted[2]) r[2] = cast_to(scaled(matmul(g, transpose(v))), u.dtype());
+  if (wanted[3]) r[3] = cast_to(scaled(matmul(transpose(cast_to(u, g.dtype())), g)), v.dtype());
+  return r;
+}
+
+std::vector<Tensor> MatmulLowRank::jvp(const Node& node, const std::vector<Tensor>& t) {
+  using namespace ops;
+  const Tensor &a = node.inputs[0], &b = node.inputs[1], &u = node.inputs[2], &v = node.inputs[3];
+  const DType out = node.output_dtypes[0];
+  Tensor r, low;
+  auto acc = [](Tensor& sum, const Tensor& term) { sum = sum.defined() ? add(sum, term) : term; };
+  if (t[0].defined()) acc(r, matmul(cast_to(t[0], a.dtype()), b, out));
+  if (t[1].defined()) acc(r, matmul(a, cast_to(t[1], b.dtype()), out));
+  if (t[2].defined()) acc(low, matmul(cast_to(t[2], u.dtype()), v, out));
+  if (t[3].defined()) acc(low, matmul(u, cast_to(t[3], v.dtype()), out));
+  if (low.defined()) acc(r, alpha == 1.0f ? low : scale(low, alpha));
+  return {r};
+}
+
 namespace ops {
 
 Tensor matmul(const Tensor& a, const Tensor& b) { return matmul(a, b, a.dtype()); }
@@ -90,6 +120,23 @@ Tensor matmul(const Tensor& a, const Tensor& b, DType out_dtype) {
   Tensor bc = gemm_layout(b) ? b : contiguous(b);
   if (!is_float(out_dtype)) throw ShapeError("matmul: the output dtype must be a float type");
   return apply1(std::make_shared<Matmul>(), {ac, bc}, {out, out_dtype});
+}
+
+Tensor matmul_low_rank(const Tensor& a, const Tensor& b, const Tensor& u, const Tensor& v, float alpha,
+                       DType out_dtype) {
+  auto shapes = [&] {
+    return to_string(a.shape()) + " x " + to_string(b.shape()) + " + " + to_string(u.shape()) + " x " +
+           to_string(v.shape());
+  };
+  for (const Tensor* t : {&a, &b, &u, &v})
+    if (t->ndim() != 2 || !is_float(t->dtype()))
+      throw ShapeError("matmul_low_rank: expected 2-dim float operands, got " + shapes());
+  if (b.dim(0) != a.dim(1) || u.dim(0) != a.dim(0) || v.dim(0) != u.dim(1) || v.dim(1) != b.dim(1))
+    throw ShapeError("matmul_low_rank: shapes do not fit a [M, K] x b [K, N] + u [M, R] x v [R, N]: " + shapes());
+  if (!is_float(out_dtype)) throw ShapeError("matmul_low_rank: the output dtype must be a float type");
+  auto gemm_ready = [](const Tensor& t) { return gemm_layout(t) ? t : contiguous(t); };
+  return apply1(std::make_shared<MatmulLowRank>(alpha), {gemm_ready(a), gemm_ready(b), gemm_ready(u), gemm_ready(v)},
+                {{a.dim(0), b.dim(1)}, out_dtype});
 }
 
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {

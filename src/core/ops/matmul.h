@@ -19,4 +19,23 @@ class Matmul final : public Primitive {
   std::vector<Tensor> jvp(const Node& node, const std::vector<Tensor>& t) override;
 };
 
+// a [M, K] x b [K, N] + alpha * u [M, R] x v [R, N] -> [M, N]: a product with a low-rank addend (a LoRA
+// adapter's delta, or its input gradient) in one pass over the output. The fast coopmat kernel runs the addend as
+// more K tiles (16-bit U and V laid out as A and B, R a multiple of 8); the scalar kernel and OpenBLAS add it too,
+// and elsewhere it is composed (backend/vulkan/matmul.cpp).
+// Output dtype as given; f32 accumulation.
+class MatmulLowRank final : public Primitive {
+ public:
+  explicit MatmulLowRank(float alpha) : alpha(alpha) {}
+  const char* name() const override { return "matmul_low_rank"; }
+  void eval_cpu(const std::vector<Tensor>& in, std::vector<Tensor>& out) override;
+  void eval_vulkan(const std::vector<Tensor>& in, std::vector<Tensor>& out) override;
+  bool has_vjp() const override { return true; }
+  bool has_jvp() const override { return true; }
+  std::vector<Tensor> vjp(const Node& node, const std::vector<Tensor>& cot, const std::vector<bool>& wanted) override;
+  std::vector<Tensor> jvp(const Node& node, const std::vector<Tensor>& t) override;
+
+  const float alpha;
+};
+
 }  // namespace lmtune

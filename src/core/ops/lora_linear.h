@@ -1,0 +1,34 @@
+// A linear layer with one LoRA adapter under autocast, as one primitive: y = x Wᵀ + s (x Aᵀ) Bᵀ with the adapter's
+// delta multiplied into the base product's accumulators (MatmulLowRank), and in the backward pass
+// dx = g W + s (g B) A in one product the same way. Composed of ops::linear and ops::autocast_linear, the delta
+// took its own [tokens, out] product and an add in the forward pass, and another product and add for dx.
+//
+// The factors stay f32 masters with f32 gradients (as in AutocastLinear); the products run on f16 copies, and the
+// rank-R intermediates (x Aᵀ, s g B) are kept in f16, the precision the tensor cores read them in.
+#pragma once
+#include "core/primitive.h"
+
+namespace lmtune {
+
+// Inputs: x [..., K] (f16 or bf16), weight [N, K] (any float dtype; frozen or not), a [R, K] and b [N, R] (f32).
+// Output: y [..., N] in x's dtype.
+class LoraLinear final : public Primitive {
+ public:
+  explicit LoraLinear(float scale) : scale(scale) {}
+  const char* name() const override { return "lora_linear"; }
+  void eval_cpu(const std::vector<Tensor>& in, std::vector<Tensor>& out) override { forward(in, out); }
+  void eval_vulkan(const std::vector<Tensor>& in, std::vector<Tensor>& out) override { forward(in, out); }
+  bool has_vjp() const override { return true; }
+  bool has_jvp() const override { return true; }
+  std::vector<Tensor> vjp(const Node& node, const std::vector<Tensor>& cot, const std::vector<bool>& wanted) override;
+  std::vector<Tensor> jvp(const Node& node, const std::vector<Tensor>& t) override;
+
+  const float scale;
+
+ private:
+  void forward(const std::vector<Tensor>& in, std::vector<Tensor>& out);
+  // Kept from the forward pass for the vjp: the factors in f16 and x Aᵀ [tokens, R] in f16.
+  Tensor a16, b16, down;
+};
+
+}  // namespace lmtune
