@@ -94,9 +94,11 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor
 // f16/bf16 x [..., K] times an f32 weight [N, K] transposed, on the 16-bit path, with the weight's gradient in f32
 // (core/ops/autocast_linear.cpp): how 16-bit training runs the LoRA factors.
 Tensor autocast_linear(const Tensor& x, const Tensor& weight);
-// x Wᵀ + scale (x Aᵀ) Bᵀ for f16/bf16 x [..., K], weight [N, K], f32 LoRA factors A [R, K], B [N, R], the delta fused
-// into the base product forward and backward, the factors' gradients in f32 (core/ops/lora_linear.cpp).
-Tensor lora_linear(const Tensor& x, const Tensor& weight, const Tensor& a, const Tensor& b, float scale);
+// x Wᵀ + scale (x_in Aᵀ) Bᵀ for f16/bf16 x [..., K], weight [N, K], f32 LoRA factors A [R, K], B [N, R], the delta
+// fused into the base product (and, when the adapter's input x_in is x itself, into dx's), the factors' gradients
+// in f32 (core/ops/lora_linear.cpp). x_in: x after LoRA dropout; undefined = x.
+Tensor lora_linear(const Tensor& x, const Tensor& weight, const Tensor& a, const Tensor& b, float scale,
+                   const Tensor& x_in = Tensor());
 
 // ---- normalization, rotary embedding, embedding (core/ops/nn.cpp) ----
 Tensor rms_norm(const Tensor& x, const Tensor& weight, float eps);                     // over the last axis
@@ -105,6 +107,9 @@ enum class RopeLayout { half_split, interleaved };
 // x [B, T, H, D]; positions i32 [B, T] (per-token, so packing can reset them); inv_freq f32 [R/2] rotates the
 // first R dims of each head (R = 2 * inv_freq size <= D); the rest pass through.
 Tensor rope(const Tensor& x, const Tensor& positions, const Tensor& inv_freq, RopeLayout layout);
+// Inverted dropout (zero with probability p, else times 1 / (1 - p)), the mask a pure function of `key` and the
+// element's index: the same on every backend, and the backward pass recomputes it (core/ops/nn.cpp).
+Tensor dropout(const Tensor& x, float p, uint64_t key);
 // weight [V, C], ids i32 [...] -> [..., C]. The vjp scatter-adds into a [V, C] gradient.
 Tensor embedding(const Tensor& weight, const Tensor& ids);
 Tensor embedding_backward(const Tensor& grad, const Tensor& ids, int64_t vocab);       // scatter-add

@@ -8,7 +8,6 @@
 #include "core/autodiff.h"
 #include "core/error.h"
 #include "core/ops.h"
-#include "core/random.h"
 
 namespace lmtune::models {
 
@@ -20,15 +19,11 @@ struct DropoutState {
 };
 thread_local DropoutState g_dropout;
 
-// The dropout mask for x's shape: 0 or 1 / (1 - p), from a counter-based hash so it depends only on the key.
-Tensor dropout_mask(const Tensor& x, float p, uint64_t key) {
-  Rng rng(g_dropout.seed * 0x9e3779b97f4a7c15ull ^ (g_dropout.step + 1) * 0xbf58476d1ce4e5b9ull ^
-          (g_dropout.micro + 1) * 0x94d049bb133111ebull ^ (key + 1) * 0xd6e8feb86659fd93ull);
-  const float keep = 1.0f / (1.0f - p);
-  const uint64_t threshold = uint64_t(double(p) * 18446744073709551616.0);
-  std::vector<float> m(size_t(x.numel()));
-  for (float& v : m) v = rng.next_u64() < threshold ? 0.0f : keep;
-  return Tensor::from_floats(m, x.shape(), x.dtype(), x.device());
+// The key of an adapter's dropout mask in this step and micro-batch (ops::dropout draws the mask from it on the
+// device).
+uint64_t dropout_key(uint64_t adapter_key) {
+  return g_dropout.seed * 0x9e3779b97f4a7c15ull ^ (g_dropout.step + 1) * 0xbf58476d1ce4e5b9ull ^
+         (g_dropout.micro + 1) * 0x94d049bb133111ebull ^ (adapter_key + 1) * 0xd6e8feb86659fd93ull;
 }
 
 // x · factorᵀ: with 16-bit activations and an f32 factor (the trainer's master weights) as under autocast, the
@@ -42,7 +37,7 @@ Tensor factor_product(const Tensor& x, const Tensor& factor) {
 // rank-R intermediate, not the [tokens, out] product: one pass over R columns instead of `out` (forward and
 // backward).
 Tensor lora_delta(const LoraAdapter& a, const Tensor& x) {
-  Tensor in = g_dropout.active && a.dropout > 0 ? ops::mul(x, dropout_mask(x, a.dropout, a.dropout_key)) : x;
+  Tensor in = g_dropout.active && a.dropout > 0 ? ops::dropout(x, a.dropout, dropout_key(a.dropout_key)) : x;
   Tensor down = factor_product(in, a.A);
   return factor_product(a.scale == 1.0f ? down : ops::scale(down, a.scale), a.B);
 }
@@ -64,9 +59,10 @@ Tensor Linear::operator()(const Tensor& x) const {
   if (fused && adapters.size() == 1 && !bias.defined()) {
     const LoraAdapter& a = adapters[0];
     const bool half = x.dtype() == DType::f16 || x.dtype() == DType::bf16;
-    const bool dropout = g_dropout.active && a.dropout > 0;
-    if (half && !dropout && a.A.dtype() == DType::f32 && a.B.dtype() == DType::f32)
-      return ops::lora_linear(x, weight, a.A, a.B, a.scale);
+    if (half && a.A.dtype() == DType::f32 && a.B.dtype() == DType::f32) {
+      if (!(g_dropout.active && a.dropout > 0)) return ops::lora_linear(x, weight, a.A, a.B, a.scale);
+      return ops::lora_linear(x, weight, a.A, a.B, a.scale, ops::dropout(x, a.dropout, dropout_key(a.dropout_key)));
+    }
   }
   // matmul takes mixed operand dtypes (f32 accumulation) and writes x's dtype, so no weight copies are made.
   Tensor y = ops::linear(x, weight, bias);

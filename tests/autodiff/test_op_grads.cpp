@@ -192,6 +192,15 @@ TEST(OpGrads, MatmulLowRank) {
                    f32_input({1, 6}, 33)});
 }
 
+// Dropout against x times its mask (read off the op applied to ones), which is what it must be linear in.
+TEST(OpGrads, Dropout) {
+  Tensor x = f32_input({4, 9}, 34, Layout::transposed);
+  const ref::Array mask = ref::of(ops::dropout(Tensor::full({4, 9}, 1.0f, DType::f32, Device::cpu()), 0.4f, 99));
+  check_gradients([](const V& in) { return V{ops::dropout(in[0], 0.4f, 99)}; },
+                  [mask](const RA& in) { return RA{ref::binary(in[0], mask, [](double v, double m) { return v * m; })}; },
+                  {x});
+}
+
 TEST(OpGrads, Norms) {
   check_gradients([](const V& in) { return V{ops::rms_norm(in[0], in[1], 1e-5f)}; },
                   [](const RA& in) { return RA{ref::rms_norm(in[0], in[1], 1e-5)}; },

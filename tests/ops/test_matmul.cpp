@@ -135,6 +135,9 @@ TEST_P(OpTest, MatmulLowRank) {
 // One LoRA adapter fused into its linear layer (ops::lora_linear) against double arithmetic on the same operand
 // values (factors and the rank-R intermediate rounded to f16, as the op keeps them): output, all four gradients
 // (the factors' in f32), and forward mode against reverse mode.
+// One LoRA adapter fused into its linear layer (ops::lora_linear), without and with LoRA dropout on the adapter's
+// input, against double arithmetic on the same operand values (factors and the rank-R intermediate rounded to
+// f16, as the op keeps them): output, all four gradients (the factors' in f32), forward mode against reverse mode.
 TEST_P(OpTest, LoraLinear) {
   struct Case {
     Shape x;
@@ -144,50 +147,61 @@ TEST_P(OpTest, LoraLinear) {
   const std::vector<Case> cases{{{3, 13, 33}, 17, 5, DType::bf16}, {{2, 64, 64}, 128, 16, DType::bf16},
                                 {{2, 64, 64}, 128, 16, DType::f16}};
   const float s = 2.5f;
-  for (const Case& c : cases) {
-    LMTUNE_CASE(to_string(c.x) << " N " << c.N << " R " << c.R << " " << dtype_name(c.dt));
-    const int64_t K = c.x.back(), M = numel(c.x) / K;
-    Tensor x = make_input(c.x, c.dt, dev(), 90);
-    Tensor w = make_input({c.N, K}, c.dt, dev(), 91);
-    Tensor a = make_input({c.R, K}, DType::f32, dev(), 92);
-    Tensor b = make_input({c.N, c.R}, DType::f32, dev(), 93);
-    Shape yshape = c.x;
-    yshape.back() = c.N;
-    Tensor cot = ops::cast(make_input(yshape, DType::f32, dev(), 94), c.dt);
-    auto f = [&](const std::vector<Tensor>& in) {
-      return std::vector<Tensor>{ops::lora_linear(in[0], in[1], in[2], in[3], s)};
-    };
-    auto loss = [&](const std::vector<Tensor>& in) {
-      return std::vector<Tensor>{ops::sum_all(ops::cast(ops::mul(f(in)[0], cot), DType::f32))};
-    };
-    auto [value, grads] = value_and_grad(loss)({x, w, a, b});
-    const ref::Array x2 = ref::reshape(ref::of(x), {M, K}), g = ref::reshape(ref::of(cot), {M, c.N}), rw = ref::of(w);
-    const ref::Array a16 = ref::of(ops::cast(a, DType::f16)), b16 = ref::of(ops::cast(b, DType::f16));
-    auto times = [](const ref::Array& t, double k) { return ref::unary(t, [k](double e) { return k * e; }); };
-    auto plus = [](const ref::Array& p, const ref::Array& q) {
-      return ref::binary(p, q, [](double l, double r) { return l + r; });
-    };
-    auto tr = [](const ref::Array& t) { return ref::transpose(t, 0, 1); };
-    const ref::Array down = ref::matmul(x2, tr(a16));
-    const ref::Array y = plus(ref::matmul(x2, tr(rw)), times(ref::matmul(down, tr(b16)), s));
-    EXPECT_TRUE(close(f({x, w, a, b})[0], ref::reshape(y, yshape), c.dt));
-    const ref::Array gb = times(ref::matmul(g, b16), s);
-    ASSERT_EQ(grads[2].dtype(), DType::f32);
-    ASSERT_EQ(grads[3].dtype(), DType::f32);
-    EXPECT_TRUE(close(grads[0], ref::reshape(plus(ref::matmul(g, rw), ref::matmul(gb, a16)), c.x), c.dt));
-    EXPECT_TRUE(close(grads[1], ref::matmul(tr(g), x2), c.dt));
-    EXPECT_TRUE(close(grads[2], ref::matmul(tr(gb), x2), DType::f16));
-    EXPECT_TRUE(close(grads[3], times(ref::matmul(tr(g), down), s), DType::f16));
-    // Forward mode: <J t, cot> = <t, Jᵀ cot> with tangents on all four inputs.
-    std::vector<Tensor> t{ops::cast(make_input(c.x, DType::f32, dev(), 95), c.dt),
-                          ops::cast(make_input({c.N, K}, DType::f32, dev(), 96), c.dt),
-                          make_input({c.R, K}, DType::f32, dev(), 97), make_input({c.N, c.R}, DType::f32, dev(), 98)};
-    Tensor jt = jvp(f, {x, w, a, b}, t).second[0];
-    double lhs = ops::sum_all(ops::mul(ops::cast(jt, DType::f32), ops::cast(cot, DType::f32))).item(), rhs = 0;
-    for (size_t i = 0; i < 4; ++i)
-      rhs += ops::sum_all(ops::mul(ops::cast(grads[i], DType::f32), ops::cast(t[i], DType::f32))).item();
-    EXPECT_NEAR(lhs, rhs, 2e-2 * std::abs(rhs) + 1e-2);
-  }
+  for (const Case& c : cases)
+    for (bool drop : {false, true}) {
+      LMTUNE_CASE(to_string(c.x) << " N " << c.N << " R " << c.R << " " << dtype_name(c.dt) << " dropout " << drop);
+      const int64_t K = c.x.back(), M = numel(c.x) / K;
+      Tensor x = make_input(c.x, c.dt, dev(), 90);
+      Tensor w = make_input({c.N, K}, c.dt, dev(), 91);
+      Tensor a = make_input({c.R, K}, DType::f32, dev(), 92);
+      Tensor b = make_input({c.N, c.R}, DType::f32, dev(), 93);
+      Shape yshape = c.x;
+      yshape.back() = c.N;
+      Tensor cot = ops::cast(make_input(yshape, DType::f32, dev(), 94), c.dt);
+      auto f = [&](const std::vector<Tensor>& in) {
+        Tensor x_in = drop ? ops::dropout(in[0], 0.25f, 77) : Tensor();
+        return std::vector<Tensor>{ops::lora_linear(in[0], in[1], in[2], in[3], s, x_in)};
+      };
+      auto loss = [&](const std::vector<Tensor>& in) {
+        return std::vector<Tensor>{ops::sum_all(ops::cast(ops::mul(f(in)[0], cot), DType::f32))};
+      };
+      auto [value, grads] = value_and_grad(loss)({x, w, a, b});
+      auto times = [](const ref::Array& t, double k) { return ref::unary(t, [k](double e) { return k * e; }); };
+      auto plus = [](const ref::Array& p, const ref::Array& q) {
+        return ref::binary(p, q, [](double l, double r) { return l + r; });
+      };
+      auto tr = [](const ref::Array& t) { return ref::transpose(t, 0, 1); };
+      const ref::Array x2 = ref::reshape(ref::of(x), {M, K}), g = ref::reshape(ref::of(cot), {M, c.N});
+      const ref::Array rw = ref::of(w), a16 = ref::of(ops::cast(a, DType::f16)), b16 = ref::of(ops::cast(b, DType::f16));
+      // The adapter's input and d x_in / d x (0 or 1 / (1 - p) per element with dropout; x has no zeros).
+      const ref::Array xin = drop ? ref::reshape(ref::of(ops::dropout(x, 0.25f, 77)), {M, K}) : x2;
+      const ref::Array mask = ref::binary(xin, x2, [](double i, double o) { return i / o; });
+      const ref::Array down = ref::matmul(xin, tr(a16));
+      const ref::Array y = plus(ref::matmul(x2, tr(rw)), times(ref::matmul(down, tr(b16)), s));
+      EXPECT_TRUE(close(f({x, w, a, b})[0], ref::reshape(y, yshape), c.dt));
+      const ref::Array gb = times(ref::matmul(g, b16), s);
+      const ref::Array dx_in = ref::binary(ref::matmul(gb, a16), mask, [](double v, double m) { return v * m; });
+      ASSERT_EQ(grads[2].dtype(), DType::f32);
+      ASSERT_EQ(grads[3].dtype(), DType::f32);
+      EXPECT_TRUE(close(grads[0], ref::reshape(plus(ref::matmul(g, rw), dx_in), c.x), c.dt));
+      EXPECT_TRUE(close(grads[1], ref::matmul(tr(g), x2), c.dt));
+      EXPECT_TRUE(close(grads[2], ref::matmul(tr(gb), xin), DType::f16));
+      EXPECT_TRUE(close(grads[3], times(ref::matmul(tr(g), down), s), DType::f16));
+      // Forward mode: <J t, cot> = <t, Jᵀ cot> with tangents on all four inputs.
+      std::vector<Tensor> t{ops::cast(make_input(c.x, DType::f32, dev(), 95), c.dt),
+                            ops::cast(make_input({c.N, K}, DType::f32, dev(), 96), c.dt),
+                            make_input({c.R, K}, DType::f32, dev(), 97), make_input({c.N, c.R}, DType::f32, dev(), 98)};
+      Tensor jt = jvp(f, {x, w, a, b}, t).second[0];
+      // (16-bit rounding is relative to each input's term, and the terms partly cancel.)
+      double lhs = ops::sum_all(ops::mul(ops::cast(jt, DType::f32), ops::cast(cot, DType::f32))).item();
+      double rhs = 0, size = 0;
+      for (size_t i = 0; i < 4; ++i) {
+        double term = ops::sum_all(ops::mul(ops::cast(grads[i], DType::f32), ops::cast(t[i], DType::f32))).item();
+        rhs += term;
+        size += std::abs(term);
+      }
+      EXPECT_NEAR(lhs, rhs, 2e-2 * size + 1e-2);
+    }
   EXPECT_THROW(ops::lora_linear(make_input({2, 3}, DType::f32, dev(), 99), make_input({4, 3}, DType::f32, dev(), 100),
                                 make_input({2, 3}, DType::f32, dev(), 101), make_input({4, 2}, DType::f32, dev(), 102), 1.0f),
                lmtune::ShapeError);

@@ -1,5 +1,6 @@
-// RMSNorm, LayerNorm, rotary embedding (both layouts, partial rotation), embedding and its scatter-add.
+// RMSNorm, LayerNorm, rotary embedding (both layouts, partial rotation), dropout, embedding and its scatter-add.
 #include "core/autodiff.h"
+#include "core/error.h"
 #include "ops/op_test_util.h"
 
 namespace lmtune::test {
@@ -57,6 +58,44 @@ TEST_P(OpTest, LayerNormLargeMean) {
   Tensor w = Tensor::full({65}, 1.0f, DType::f32, dev());
   ref::Array rw = ref::of(w);
   EXPECT_TRUE(close(ops::layer_norm(x, w, Tensor(), 1e-5f), ref::layer_norm(ref::of(x), rw, nullptr, 1e-5), 1e-8));
+}
+
+// Dropout: the same mask on every backend (bit for bit against the CPU), the kept fraction near 1 - p, kept
+// elements scaled by 1 / (1 - p), a new mask for a new key, and the gradient through the same mask.
+TEST_P(OpTest, Dropout) {
+  const float p = 0.3f;
+  for (DType dt : float_dtypes())
+    for (Layout l : {Layout::contiguous, Layout::transposed}) {
+      LMTUNE_CASE(dtype_name(dt) << " " << layout_name(l));
+      Tensor x = make_input({3, 7, 129}, dt, dev(), 40, l);
+      Tensor y = ops::dropout(x, p, 0x123456789abcdefull);
+      ASSERT_EQ(y.dtype(), dt);
+      Tensor x_cpu = Tensor::from_floats(x.to_floats(), x.shape(), dt, Device::cpu());
+      EXPECT_EQ(y.to_floats(), ops::dropout(x_cpu, p, 0x123456789abcdefull).to_floats());
+      const std::vector<float> xv = x.to_floats(), yv = y.to_floats();
+      const std::vector<float> other = ops::dropout(x, p, 0x123456789abcdeeull).to_floats();
+      int64_t kept = 0, differ = 0;
+      for (size_t i = 0; i < xv.size(); ++i) {
+        if (yv[i] != 0) {
+          ++kept;
+          EXPECT_NEAR(yv[i], xv[i] / (1 - p), 1e-2 * std::abs(xv[i])) << "element " << i;
+        }
+        differ += (yv[i] == 0) != (other[i] == 0);
+      }
+      EXPECT_NEAR(double(kept) / double(xv.size()), 1 - p, 0.04);
+      EXPECT_GT(differ, int64_t(xv.size() / 5));
+      // d/dx Σ c ⊙ dropout(x) = dropout(c): zero where x was dropped, c / (1 - p) elsewhere.
+      Tensor c = make_input(x.shape(), DType::f32, dev(), 41);
+      auto loss = [&](const std::vector<Tensor>& in) {
+        return std::vector<Tensor>{ops::sum_all(ops::mul(ops::cast(ops::dropout(in[0], p, 0x123456789abcdefull), DType::f32), c))};
+      };
+      const std::vector<float> gv = value_and_grad(loss)({x}).second[0].to_floats(), cv = c.to_floats();
+      for (size_t i = 0; i < gv.size(); ++i)
+        EXPECT_NEAR(gv[i], yv[i] == 0 ? 0.0f : cv[i] / (1 - p), 1e-2 * std::abs(cv[i]) + 1e-6) << "element " << i;
+    }
+  Tensor x = make_input({5}, DType::f32, dev(), 42);
+  EXPECT_EQ(ops::dropout(x, 0.0f, 1).to_floats(), x.to_floats());
+  EXPECT_THROW(ops::dropout(x, 1.0f, 1), lmtune::ShapeError);
 }
 
 TEST_P(OpTest, Rope) {

@@ -1,4 +1,4 @@
-// CPU kernels for RMSNorm, LayerNorm, rotary embedding, embedding and its scatter-add. Rows are converted to
+// CPU kernels for RMSNorm, LayerNorm, rotary embedding, dropout, embedding and its scatter-add. Rows are converted to
 // f32, statistics accumulate in f64, and work is split over rows (over columns for the scatter-add, so that
 // each output element has one writer and the result is deterministic).
 #include <cmath>
@@ -19,7 +19,34 @@ std::vector<float> load_vector(const Tensor& v) {
   return out;
 }
 
+// Dropout's counter-based hash: kernels/dropout.comp computes the same bits.
+uint32_t mix32(uint32_t h) {
+  h ^= h >> 16;
+  h *= 0x7feb352du;
+  h ^= h >> 15;
+  h *= 0x846ca68bu;
+  h ^= h >> 16;
+  return h;
+}
+uint32_t dropout_hash(uint32_t i, uint64_t key) { return mix32(mix32(i ^ uint32_t(key)) + uint32_t(key >> 32)); }
+
 }  // namespace
+
+void Dropout::eval_cpu(const std::vector<Tensor>& in, std::vector<Tensor>& out) {
+  const Tensor& x = in[0];  // contiguous (the op function makes it so)
+  const int64_t n = x.numel();
+  const uint32_t drop_below = threshold();
+  const float keep = scale();
+  cpu::parallel_for(n, 1 << 16, [&](int64_t i0, int64_t i1) {
+    std::vector<float> v(size_t(i1 - i0));
+    cpu::load_row(cpu::base_ptr(x) + i0 * int64_t(dtype_size(x.dtype())), x.dtype(), 1, i1 - i0, v.data());
+    for (int64_t i = i0; i < i1; ++i) {
+      float& e = v[size_t(i - i0)];
+      e = dropout_hash(uint32_t(i), key) < drop_below ? 0.0f : e * keep;
+    }
+    cpu::store_row(cpu::base_ptr(out[0]) + i0 * int64_t(dtype_size(x.dtype())), x.dtype(), 1, i1 - i0, v.data());
+  });
+}
 
 void RmsNorm::eval_cpu(const std::vector<Tensor>& in, std::vector<Tensor>& out) {
   const Tensor& x = in[0];  // contiguous (the op function makes it so)

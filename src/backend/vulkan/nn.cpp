@@ -1,5 +1,6 @@
-// Vulkan kernels for RMSNorm, LayerNorm, rotary embedding and embedding gather / scatter-add: kernels/norm.comp,
-// kernels/rms_norm_grad.comp, kernels/rope.comp, kernels/embedding.comp, kernels/embedding_backward.comp.
+// Vulkan kernels for RMSNorm, LayerNorm, rotary embedding, dropout and embedding gather / scatter-add:
+// kernels/norm.comp, kernels/rms_norm_grad.comp, kernels/rope.comp, kernels/dropout.comp, kernels/embedding.comp,
+// kernels/embedding_backward.comp.
 #include "backend/vulkan/kernel_util.h"
 #include "backend/vulkan/nn_kernels.h"
 #include "core/error.h"
@@ -149,6 +150,19 @@ void LayerNorm::eval_vulkan(const std::vector<Tensor>& in, std::vector<Tensor>& 
 
 void Rope::eval_vulkan(const std::vector<Tensor>& in, std::vector<Tensor>& out) {
   vk::rope_apply(in[0], in[1], in[2], out[0], layout == ops::RopeLayout::interleaved, inverse);
+}
+
+void Dropout::eval_vulkan(const std::vector<Tensor>& in, std::vector<Tensor>& out) {
+  const Tensor x = vk::dense(in[0]);
+  const Tensor& y = out[0];
+  if (y.numel() == 0) return;
+  struct Push {
+    uint32_t total, x_off, y_off, dtypes, key0, key1, threshold;
+    float scale;
+  } p{vk::u32(y.numel(), "element count"), vk::elem_offset(x), vk::elem_offset(y),
+      uint32_t(x.dtype()) | uint32_t(y.dtype()) << 4, uint32_t(key), uint32_t(key >> 32), threshold(), scale()};
+  vk::Context& ctx = vk::context_for(y.device());
+  ctx.dispatch(vk::variant(ctx, "dropout"), {vk::in(x), vk::out(y)}, p, vk::groups_1d(p.total, 256), {256});
 }
 
 void Embedding::eval_vulkan(const std::vector<Tensor>& in, std::vector<Tensor>& out) {

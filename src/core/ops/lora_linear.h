@@ -10,8 +10,9 @@
 
 namespace lmtune {
 
-// Inputs: x [..., K] (f16 or bf16), weight [N, K] (any float dtype; frozen or not), a [R, K] and b [N, R] (f32).
-// Output: y [..., N] in x's dtype.
+// Inputs: x [..., K] (f16 or bf16), weight [N, K] (any float dtype; frozen or not), a [R, K] and b [N, R] (f32),
+// and optionally x_in (x after LoRA dropout: the adapter's input; dx is then two products). Output: y [..., N] in
+// x's dtype.
 class LoraLinear final : public Primitive {
  public:
   explicit LoraLinear(float scale) : scale(scale) {}

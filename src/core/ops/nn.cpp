@@ -196,7 +196,25 @@ std::vector<Tensor> EmbeddingBackward::jvp(const Node& node, const std::vector<T
   return {cast_to(ops::embedding_backward(t[0], node.inputs[1], vocab), node.output_dtypes[0])};
 }
 
+std::vector<Tensor> Dropout::vjp(const Node& node, const std::vector<Tensor>& cot, const std::vector<bool>&) {
+  if (!cot[0].defined()) return {Tensor()};
+  return {cast_to(ops::dropout(cot[0], p, key), node.output_dtypes[0])};
+}
+
+std::vector<Tensor> Dropout::jvp(const Node& node, const std::vector<Tensor>& t) {
+  if (!t[0].defined()) return {Tensor()};
+  return {cast_to(ops::dropout(t[0], p, key), node.output_dtypes[0])};
+}
+
 namespace ops {
+
+Tensor dropout(const Tensor& x, float p, uint64_t key) {
+  if (!is_float(x.dtype())) throw ShapeError("dropout: x must be a float tensor, got " + std::string(dtype_name(x.dtype())));
+  if (!(p >= 0.0f && p < 1.0f)) throw ShapeError("dropout: p = " + std::to_string(p) + " is not in [0, 1)");
+  if (x.numel() > int64_t(UINT32_MAX)) throw ShapeError("dropout: more than 2^32 elements in " + to_string(x.shape()));
+  if (p == 0.0f) return x;
+  return apply1(std::make_shared<Dropout>(p, key), {contiguous(x)}, {x.shape(), x.dtype()});
+}
 
 Tensor rms_norm(const Tensor& x, const Tensor& weight, float eps) {
   check_norm_args("rms_norm", x, weight);

@@ -63,6 +63,27 @@ class Rope final : public Primitive {
   bool inverse;
 };
 
+// Inverted dropout with the mask drawn from `key`: element i of x (row-major order) is zeroed with probability p
+// and otherwise scaled by 1 / (1 - p), decided by a counter-based hash of (i, key), the same on every backend.
+// Linear in x, so its vjp and jvp are the same op (same key) on the cotangent or tangent: no mask is stored.
+class Dropout final : public Primitive {
+ public:
+  Dropout(float p, uint64_t key) : p(p), key(key) {}
+  const char* name() const override { return "dropout"; }
+  void eval_cpu(const std::vector<Tensor>& in, std::vector<Tensor>& out) override;
+  void eval_vulkan(const std::vector<Tensor>& in, std::vector<Tensor>& out) override;
+  bool has_vjp() const override { return true; }
+  bool has_jvp() const override { return true; }
+  bool vjp_needs_inputs() const override { return false; }
+  std::vector<Tensor> vjp(const Node& node, const std::vector<Tensor>& cot, const std::vector<bool>& wanted) override;
+  std::vector<Tensor> jvp(const Node& node, const std::vector<Tensor>& t) override;
+  // The drop threshold on the 32-bit hash (p * 2^32) and the keep scale.
+  uint32_t threshold() const { return uint32_t(double(p) * 4294967296.0); }
+  float scale() const { return 1.0f / (1.0f - p); }
+  float p;
+  uint64_t key;
+};
+
 // out[..., :] = weight[ids[...], :]; ids outside [0, V) raise ShapeError before the kernel runs.
 class Embedding final : public Primitive {
  public:
