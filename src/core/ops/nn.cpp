@@ -196,9 +196,9 @@ std::vector<Tensor> EmbeddingBackward::jvp(const Node& node, const std::vector<T
   return {cast_to(ops::embedding_backward(t[0], node.inputs[1], vocab), node.output_dtypes[0])};
 }
 
+// Dropout is linear in x with a fixed mask: cotangents and tangents go through the same mask (same key).
 std::vector<Tensor> Dropout::vjp(const Node& node, const std::vector<Tensor>& cot, const std::vector<bool>&) {
-  if (!cot[0].defined()) return {Tensor()};
-  return {cast_to(ops::dropout(cot[0], p, key), node.output_dtypes[0])};
+  return jvp(node, cot);
 }
 
 std::vector<Tensor> Dropout::jvp(const Node& node, const std::vector<Tensor>& t) {
