@@ -1,6 +1,9 @@
 #version 450
 // Softmax / log-softmax over dense rows of length n (one workgroup per row). Rows that are all -inf give 0
 // (softmax) or -inf (log-softmax), as the CPU kernel does.
+// Built with -DCHUNK: one vocabulary chunk of the fused loss (SoftmaxChunk): lse = logaddexp(prev[row], logsumexp
+// of the row) (prev only when has_prev), y = exp(x - lse) · (1 - (x / softcap)²) (the slope only when softcap > 0),
+// zero rows where ign[row] != 0; lse (f32) is written per row.
 #include "common.glsl"
 layout(local_size_x_id = 0) in;
 #include "rows.glsl"
@@ -9,12 +12,36 @@ TENSOR(0, X)
 TENSOR(1, Y)
 TENSOR4(0, X)
 TENSOR4(1, Y)
+#ifdef CHUNK
+TENSOR(2, IGN)   // i32 [rows]
+TENSOR(3, PREV)  // f32 [rows]
+TENSOR(4, LSE)   // f32 [rows]
+#endif
 
 layout(push_constant) uniform Push {
   uint n, rows, x_off, y_off, dtypes;  // dtypes: x | y << 4
   uint log_softmax;
   uint vec;  // n and both offsets are multiples of 4: the vector path
+#ifdef CHUNK
+  uint ign_off, prev_off, lse_off, has_prev;
+  float softcap;
+#endif
 } p;
+
+#ifdef CHUNK
+// The row's lse from its max m and Σ exp(x - m), combined with the columns before; written by invocation 0.
+float chunk_lse(uint row, uint tid, float m, float s) {
+  float l = isinf(m) && m < 0.0 ? m : m + log(s);
+  if (p.has_prev != 0u) {
+    float a = LD_F32(PREV, p.prev_off + row), hi = max(a, l), lo = min(a, l);
+    l = isinf(hi) && hi < 0.0 ? hi : hi + log(1.0 + exp(lo - hi));
+  }
+  if (tid == 0u) ST_F32(LSE, p.lse_off + row, l);
+  return l;
+}
+float chunk_slope(float x) { return p.softcap > 0.0 ? 1.0 - (x / p.softcap) * (x / p.softcap) : 1.0; }
+vec4 chunk_slope4(vec4 x) { return p.softcap > 0.0 ? 1.0 - (x / p.softcap) * (x / p.softcap) : vec4(1.0); }
+#endif
 
 // A row with 4-element loads, held in registers (up to RC vec4 per invocation): x is read from memory once.
 #define RC 8
@@ -32,23 +59,38 @@ void row_vec(uint row, uint tid, uint wg, uint dx, uint dy) {
     m = max(m, max(max(v.x, v.y), max(v.z, v.w)));
   }
   m = wg_max(m);
+#ifndef CHUNK
   if (isinf(m) && m < 0.0) {
     for (uint k = tid; k < n4; k += wg) Y_st4(dy, yo + 4u * k, vec4(p.log_softmax != 0u ? NEG_INF : 0.0));
     return;
   }
+#endif
   float s = 0.0;
   [[unroll]] for (uint j = 0u; j < RC; ++j) {
     uint k = tid + j * wg;
-    if (k < n4) {
+    if (k < n4 && !(isinf(m) && m < 0.0)) {
       vec4 e = exp(cache[j] - m);
       s += (e.x + e.y) + (e.z + e.w);
     }
   }
-  for (uint k = tid + RC * wg; k < n4; k += wg) {
+  for (uint k = tid + RC * wg; k < n4 && !(isinf(m) && m < 0.0); k += wg) {
     vec4 e = exp(X_ld4(dx, xo + 4u * k) - m);
     s += (e.x + e.y) + (e.z + e.w);
   }
   s = wg_sum(s);
+#ifdef CHUNK
+  float l = chunk_lse(row, tid, m, s);
+  bool zero = LD_I32(IGN, p.ign_off + row) != 0 || (isinf(l) && l < 0.0);
+  [[unroll]] for (uint j = 0u; j < RC; ++j) {
+    uint k = tid + j * wg;
+    if (k < n4) Y_st4(dy, yo + 4u * k, zero ? vec4(0.0) : exp(cache[j] - l) * chunk_slope4(cache[j]));
+  }
+  for (uint k = tid + RC * wg; k < n4; k += wg) {
+    vec4 v = X_ld4(dx, xo + 4u * k);
+    Y_st4(dy, yo + 4u * k, zero ? vec4(0.0) : exp(v - l) * chunk_slope4(v));
+  }
+  return;
+#endif
   float ls = log(s);
   [[unroll]] for (uint j = 0u; j < RC; ++j) {
     uint k = tid + j * wg;
@@ -75,6 +117,18 @@ void main() {
     float m = NEG_INF;
     for (uint k = tid; k < p.n; k += wg) m = max(m, X_ld(dx, xo + k));
     m = wg_max(m);
+#ifdef CHUNK
+    float s = 0.0;
+    if (!(isinf(m) && m < 0.0)) for (uint k = tid; k < p.n; k += wg) s += exp(X_ld(dx, xo + k) - m);
+    s = wg_sum(s);
+    float l = chunk_lse(row, tid, m, s);
+    bool zero = LD_I32(IGN, p.ign_off + row) != 0 || (isinf(l) && l < 0.0);
+    for (uint k = tid; k < p.n; k += wg) {
+      float v = X_ld(dx, xo + k);
+      Y_st(dy, yo + k, zero ? 0.0 : exp(v - l) * chunk_slope(v));
+    }
+    continue;
+#else
     if (isinf(m) && m < 0.0) {
       for (uint k = tid; k < p.n; k += wg) Y_st(dy, yo + k, p.log_softmax != 0u ? NEG_INF : 0.0);
       continue;
@@ -82,6 +136,7 @@ void main() {
     float s = 0.0;
     for (uint k = tid; k < p.n; k += wg) s += exp(X_ld(dx, xo + k) - m);
     s = wg_sum(s);
+#endif
     float ls = log(s);
     for (uint k = tid; k < p.n; k += wg) {
       float v = X_ld(dx, xo + k) - m;

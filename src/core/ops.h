@@ -74,7 +74,7 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int ignore_ind
 // The language-model loss without the [N, V] logits (core/ops/linear_cross_entropy.cpp): per-row
 // cross_entropy(softcap(linear(hidden [N, C] widened to f32, weight [V, C]))) against i32 targets [N], f32 [N],
 // 0 where target == ignore_index. softcap > 0: logits = softcap * tanh(logits / softcap). Forward and backward
-// go over the vocabulary in chunks of `chunk` weight rows (0 = automatic: ~128 MiB of f32 logits per chunk),
+// go over the vocabulary in chunks of `chunk` weight rows (0 = automatic: ~256 MiB of f32 logits per chunk),
 // recomputing each chunk's logits in the backward; the weight's gradient is computed only when it wants one.
 Tensor linear_cross_entropy(const Tensor& hidden, const Tensor& weight, const Tensor& targets,
                             int ignore_index = -100, float softcap = 0, int64_t chunk = 0);

@@ -164,7 +164,7 @@ Tensor positions_from_doc_ids(const Tensor& doc_ids);
 // Whether the losses use the fused lm_head + cross-entropy (Decoder::token_losses): yes unless the environment
 // sets LMTUNE_FUSED_CE=0, which selects the unfused reference (full f32 logits, then cross_entropy).
 bool fused_cross_entropy();
-// Vocabulary rows per chunk of the fused loss: LMTUNE_FUSED_CE_CHUNK, else 0 (automatic: ~128 MiB of f32
+// Vocabulary rows per chunk of the fused loss: LMTUNE_FUSED_CE_CHUNK, else 0 (automatic: ~256 MiB of f32
 // logits per chunk, see ops::linear_cross_entropy). ConfigError when the variable is not a number >= 0.
 int64_t fused_cross_entropy_chunk();
 

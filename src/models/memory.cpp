@@ -32,8 +32,9 @@ TrainingMemoryEstimate estimate_training_memory(const ModelConfig& c, const Trai
   const uint64_t lse = N * uint64_t(H) * 4;
   const uint64_t layer = N * per_token * act + lse;
   // The fused loss (ops::linear_cross_entropy) holds one vocabulary chunk at a time: its f32 logits, their
-  // gradient and about one more temporary of that size (soft-capping) — not [N, V] logits and their gradient.
-  e.logits = 3 * N * uint64_t(default_vocab_chunk(int64_t(N), V)) * 4;
+  // gradient and about one more temporary of that size (soft-capping) — not [N, V] logits and their gradient —
+  // and d loss / d hidden (f32 [N, C], computed in the forward) with one rescaled copy of it.
+  e.logits = 3 * N * uint64_t(default_vocab_chunk(int64_t(N), V)) * 4 + 2 * N * uint64_t(C) * 4;
   e.activations = uint64_t(L) * layer + e.logits;
   // Checkpointing keeps each layer's input, and recomputes one layer at a time during backward.
   e.activations_checkpointed = uint64_t(L) * N * uint64_t(C) * act + layer + e.logits;

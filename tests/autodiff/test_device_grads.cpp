@@ -197,6 +197,13 @@ TEST_P(DeviceGrads, LinearCrossEntropy) {
         return Setup{[=](const V& in) { return V{ops::linear_cross_entropy(in[0], in[1], targets, -100, softcap, 32)}; },
                      {make_input({5, 9}, dt, d, 26, Layout::transposed), make_input({97, 9}, dt, d, 27)}};
       });
+      // A frozen weight: d hidden is computed in the forward pass.
+      compare([=](Device d) {
+        Tensor targets = Tensor::from_ints({96, -100, 31, 0, 64}, {5}, d);
+        Tensor w = make_input({97, 9}, dt, d, 27);
+        return Setup{[=](const V& in) { return V{ops::linear_cross_entropy(in[0], w, targets, -100, softcap, 32)}; },
+                     {make_input({5, 9}, dt, d, 26, Layout::transposed)}};
+      });
     }
 }
 

@@ -160,6 +160,16 @@ TEST(OpGrads, LinearCrossEntropy) {
           return RA{ref::cross_entropy(z, rt, -100)};
         },
         {f32_input({5, 3}, 24, Layout::transposed, 0.1f, 2.0f), f32_input({10, 3}, 25, Layout::contiguous, 0.1f, 2.0f)});
+    // A frozen weight: d hidden comes from the forward pass (the running-lse path), checked the same way.
+    Tensor w = f32_input({10, 3}, 25, Layout::contiguous, 0.1f, 2.0f);
+    A rw = ref::of(w);
+    check_gradients1([&](const Tensor& h) { return ops::linear_cross_entropy(h, w, targets, -100, softcap, 4); },
+                     [&](const A& h) {
+                       A z = ref::linear(h, rw, nullptr);
+                       if (softcap > 0) z = ref::unary(z, [&](double x) { return softcap * std::tanh(x / softcap); });
+                       return ref::cross_entropy(z, rt, -100);
+                     },
+                     f32_input({5, 3}, 24, Layout::transposed, 0.1f, 2.0f));
   }
 }
 

@@ -3,6 +3,8 @@
 // loss, d hidden and d weight (vjp with a non-uniform upstream gradient) and the jvp, with ignored rows, soft-capping
 // on and off, a vocabulary that is not a multiple of the chunk, an odd row count, f32 / f16 / bf16 inputs. The
 // forward is also checked against a double-precision reference.
+#include <algorithm>
+
 #include "core/autodiff.h"
 #include "core/error.h"
 #include "ops/op_test_util.h"
@@ -76,16 +78,29 @@ TEST_P(OpTest, LinearCrossEntropyMatchesUnfused) {
       }
 }
 
-// A frozen weight (the LoRA case): only d hidden is computed, and it equals the unfused one.
+// A frozen weight (the LoRA case): d hidden is computed in the forward pass (running lse over the chunks) and
+// equals the unfused one, for every dtype, soft-cap on and off, one chunk or several.
 TEST_P(OpTest, LinearCrossEntropyFrozenWeight) {
-  Tensor h = make_input({7, 16}, DType::f32, dev(), 96);
-  Tensor w = make_input({300, 16}, DType::f32, dev(), 97);
-  Tensor targets = Tensor::from_ints({299, 0, -100, 128, 127, 200, 64}, {7}, dev());
-  Tensor g = Tensor::from_floats(random_values(7, 98, 0.5f, 1.5f, true), {7}, DType::f32, dev());
-  auto [fo, fg] = lmtune::vjp([&](const V& in) { return V{ops::linear_cross_entropy(in[0], w, targets, -100, 0, 128)}; },
-                              {h}, {g});
-  auto [uo, ug] = lmtune::vjp([&](const V& in) { return V{reference_loss(in[0], w, targets, 0)}; }, {h}, {g});
-  EXPECT_TRUE(agree(fg[0], ug[0], 1e-10));
+  const int64_t N = 13, C = 19, Vocab = 1000;
+  for (DType dt : float_dtypes())
+    for (float softcap : {0.0f, 2.5f})
+      for (int64_t chunk : {int64_t(384), int64_t(0)}) {
+        LMTUNE_CASE(dtype_name(dt) << " softcap " << softcap << " chunk " << chunk);
+        Tensor h = make_input({N, C}, dt, dev(), 96, Layout::transposed, 0.1f, 1.0f);
+        // Large logits in some rows: the running lse must rescale what it has accumulated.
+        Tensor w = make_input({Vocab, C}, dt, dev(), 97, Layout::contiguous, 0.1f, 3.0f);
+        Tensor targets = test_targets(dev());
+        Tensor g = Tensor::from_floats(random_values(N, 98, 0.5f, 1.5f, true), {N}, DType::f32, dev());
+        auto fused = [&](const V& in) { return V{ops::linear_cross_entropy(in[0], w, targets, -100, softcap, chunk)}; };
+        auto unfused = [&](const V& in) { return V{reference_loss(in[0], w, targets, softcap)}; };
+        auto [fo, fg] = lmtune::vjp(fused, {h}, {g});
+        auto [uo, ug] = lmtune::vjp(unfused, {h}, {g});
+        EXPECT_TRUE(agree(fo[0], uo[0], 1e-10)) << "loss";
+        EXPECT_TRUE(agree(fg[0], ug[0], tolerance_vs_unfused(dt))) << "d hidden";
+        std::vector<float> d_ignored = ops::slice(fg[0], 0, 2, 3).to_floats();
+        EXPECT_EQ(*std::max_element(d_ignored.begin(), d_ignored.end()), 0.0f);
+        EXPECT_EQ(*std::min_element(d_ignored.begin(), d_ignored.end()), 0.0f);
+      }
 }
 
 TEST_P(OpTest, LinearCrossEntropyErrors) {

@@ -1,5 +1,6 @@
 // CPU kernels for softmax / log-softmax over the last axis and for cross-entropy and its gradient. Rows are
 // processed in parallel in f32 with f64 sums; rows that are entirely -inf give 0 (softmax) or -inf (log).
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <vector>
@@ -101,6 +102,35 @@ void CrossEntropyGrad::eval_cpu(const std::vector<Tensor>& in, std::vector<Tenso
         if (targets[r] >= 0 && targets[r] < V) v[size_t(targets[r])] -= g[r];  // else: no one-hot term
       }
       cpu::store_row(yp + r * V * int64_t(ye), y.dtype(), 1, V, v.data());
+    }
+  });
+}
+
+void SoftmaxChunk::eval_cpu(const std::vector<Tensor>& in, std::vector<Tensor>& out) {
+  const Tensor& z = in[0];  // contiguous f32 [N, c]
+  const int64_t N = z.shape()[0], C = z.shape()[1];
+  const float* zp = cpu::data<float>(z);
+  const int32_t* ignored = cpu::data<int32_t>(in[1]);
+  const float* prev = has_prev ? cpu::data<float>(in[2]) : nullptr;
+  char* yp = cpu::base_ptr(out[0]);
+  const size_t ye = dtype_size(out[0].dtype());
+  float* lse = cpu::data<float>(out[1]);
+  const double cap = softcap;
+  cpu::parallel_for(N, std::max<int64_t>(1, 16384 / std::max<int64_t>(C, 1)), [&](int64_t r0, int64_t r1) {
+    std::vector<float> v(static_cast<size_t>(C));
+    for (int64_t r = r0; r < r1; ++r) {
+      const float* row = zp + r * C;
+      double l = row_logsumexp(row, C);
+      if (prev) {
+        double a = prev[r], hi = std::max(a, l), lo = std::min(a, l);
+        if (!(std::isinf(hi) && hi < 0)) l = hi + std::log1p(std::exp(lo - hi));
+      }
+      lse[r] = float(l);
+      for (int64_t i = 0; i < C; ++i) {
+        double x = row[i], slope = cap > 0 ? 1.0 - (x / cap) * (x / cap) : 1.0;
+        v[size_t(i)] = ignored[r] != 0 || (std::isinf(l) && l < 0) ? 0.0f : float(std::exp(x - l) * slope);
+      }
+      cpu::store_row(yp + r * C * int64_t(ye), out[0].dtype(), 1, C, v.data());
     }
   });
 }

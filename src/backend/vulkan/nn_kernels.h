@@ -7,6 +7,9 @@
 namespace lmtune::vk {
 
 void softmax_rows(const Tensor& x, const Tensor& y, bool log);
+// SoftmaxChunk (core/ops/softmax.h); prev undefined: no columns before.
+void softmax_chunk_rows(const Tensor& z, const Tensor& ignored, const Tensor& prev, const Tensor& y, const Tensor& lse,
+                        float softcap);
 // logits [N, V], targets i32 [N] -> loss f32 [N], lse f32 [N].
 void cross_entropy_rows(const Tensor& logits, const Tensor& targets, const Tensor& loss, const Tensor& lse,
                         int ignore_index);

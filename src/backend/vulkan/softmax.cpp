@@ -17,6 +17,10 @@ void require_dense(const Tensor& t, const char* op) {
 struct SoftmaxPush {
   uint32_t n, rows, x_off, y_off, dtypes, log_softmax, vec;
 };
+struct SoftmaxChunkPush {
+  uint32_t n, rows, x_off, y_off, dtypes, log_softmax, vec, ign_off, prev_off, lse_off, has_prev;
+  float softcap;
+};
 struct CrossEntropyPush {
   uint32_t n, v, l_off, t_off, a_off, b_off, d_off, dtypes;
   int32_t ignore_index;
@@ -35,6 +39,22 @@ void softmax_rows(const Tensor& x_in, const Tensor& y, bool log) {
   p.vec = vector_paths() && p.n % 4 == 0 && p.x_off % 4 == 0 && p.y_off % 4 == 0;
   ctx.dispatch(variant(ctx, "softmax"), {in(x), out(y)}, p, {std::min<uint32_t>(p.rows, 65535), 1, 1},
                {row_group_size(n)});
+}
+
+void softmax_chunk_rows(const Tensor& z_in, const Tensor& ignored_in, const Tensor& prev_in, const Tensor& y,
+                        const Tensor& lse, float softcap) {
+  if (y.numel() == 0) return;
+  require_dense(y, "softmax_chunk");
+  require_dense(lse, "softmax_chunk");
+  Tensor z = dense(z_in), ignored = dense(ignored_in), prev = prev_in.defined() ? dense(prev_in) : ignored;  // unread
+  Context& ctx = context_for(y.device());
+  const int64_t n = z.dim(1);
+  SoftmaxChunkPush p{u32(n, "row length"), u32(z.dim(0), "rows"), elem_offset(z), elem_offset(y),
+                     uint32_t(z.dtype()) | uint32_t(y.dtype()) << 4, 0, 0, elem_offset(ignored), elem_offset(prev),
+                     elem_offset(lse), prev_in.defined(), softcap};
+  p.vec = vector_paths() && p.n % 4 == 0 && p.x_off % 4 == 0 && p.y_off % 4 == 0;
+  ctx.dispatch(variant(ctx, "softmax_chunk"), {in(z), out(y), in(ignored), in(prev), out(lse)}, p,
+               {std::min<uint32_t>(p.rows, 65535), 1, 1}, {row_group_size(n)});
 }
 
 void cross_entropy_rows(const Tensor& logits_in, const Tensor& targets_in, const Tensor& loss, const Tensor& lse,
@@ -77,6 +97,10 @@ void Softmax::eval_vulkan(const std::vector<Tensor>& in, std::vector<Tensor>& ou
 
 void CrossEntropy::eval_vulkan(const std::vector<Tensor>& in, std::vector<Tensor>& out) {
   vk::cross_entropy_rows(in[0], in[1], out[0], out[1], ignore_index);
+}
+
+void SoftmaxChunk::eval_vulkan(const std::vector<Tensor>& in, std::vector<Tensor>& out) {
+  vk::softmax_chunk_rows(in[0], in[1], has_prev ? in[2] : Tensor(), out[0], out[1], softcap);
 }
 
 void CrossEntropyGrad::eval_vulkan(const std::vector<Tensor>& in, std::vector<Tensor>& out) {

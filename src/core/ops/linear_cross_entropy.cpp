@@ -7,11 +7,18 @@
 //             draw = dz · (1 - (z / softcap)²)                (softcap only)
 //             dh += draw · W[s:e],  dW[s:e] = drawᵀ · h       (dW only when the weight wants a gradient)
 //   jvp:      dlse = Σ_chunks Σ_V softmax · dz,  dloss = dlse - dz[target]
-// Peak extra memory is a few [N, chunk] f32 tensors, instead of [N, V] logits plus their gradient.
+//
+// Training with a frozen weight (LoRA): dh is linear in g row by row, dh = g[:, None] ⊙ U with
+// U = Σ_chunks (softmax(z) ⊙ slope(z)) · W[s:e] - slope(z[target]) W[target], so the forward computes U while it
+// holds each chunk's logits, with a running lse (U is rescaled by exp(lse_old - lse_new) as lse grows), and the
+// vjp is one row scale: the logits are never recomputed.
+// Peak extra memory is a few [N, chunk] f32 tensors (and U, [N, C] f32), instead of [N, V] logits plus their
+// gradient.
 #include "core/ops/linear_cross_entropy.h"
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <string>
 
 #include "core/autodiff.h"
@@ -19,6 +26,7 @@
 #include "core/ops.h"
 #include "core/ops/softmax.h"
 #include "core/ops/view.h"
+#include "core/tape.h"
 
 namespace lmtune {
 namespace {
@@ -61,7 +69,7 @@ void for_each_chunk(int64_t V, int64_t chunk, F f) {
 }  // namespace
 
 int64_t default_vocab_chunk(int64_t rows, int64_t vocab) {
-  const int64_t budget = int64_t(128) << 20;  // bytes of f32 logits per chunk
+  const int64_t budget = int64_t(256) << 20;  // bytes of f32 logits per chunk
   int64_t c = std::max<int64_t>(1, budget / (4 * std::max<int64_t>(rows, 1)));
   if (c >= 64) c -= c % 64;
   return std::min(c, std::max<int64_t>(vocab, 1));
@@ -107,16 +115,37 @@ void LinearCrossEntropy::forward(const std::vector<Tensor>& in, std::vector<Tens
   const Tensor& weight = in[1];
   const int64_t N = hidden.dim(0), V = weight.dim(0);
   if (N == 0) return;
+  const Device d = hidden.device();
   Tensor h32 = f32(hidden), h = product_operand(hidden, weight);
+  Targets tg = device_targets(host_targets, ignore_index, d);
   std::vector<Tensor> chunk_lse;  // [N, 1] each
+  Tensor lse, unit;               // with the hidden gradient in the forward: the running lse and U
   for_each_chunk(V, chunk, [&](int64_t s, int64_t e) {
-    chunk_lse.push_back(logsumexp(chunk_logits(h, weight, s, e, softcap), -1, true));
+    Tensor z = chunk_logits(h, weight, s, e, softcap);
+    if (!hidden_grad_in_forward) {
+      chunk_lse.push_back(logsumexp(z, -1, true));
+      return;
+    }
+    // softmax(z) against the lse so far (times the soft-cap's slope), in the products' dtype, in one pass.
+    Tensor prev = lse;
+    std::vector<Tensor> args{contiguous(z), tg.ignored};
+    if (prev.defined()) args.push_back(prev);
+    std::vector<Tensor> pl = apply(std::make_shared<SoftmaxChunk>(softcap, prev.defined()), args,
+                                   {{z.shape(), h.dtype()}, {{N}, DType::f32}});
+    lse = pl[1];
+    Tensor part = matmul(pl[0], rows_of(weight, s, e), DType::f32);
+    unit = prev.defined() ? add(mul(unit, col(exp(sub(prev, lse)))), part) : part;
   });
-  Tensor lse = chunk_lse.size() == 1 ? reshape(chunk_lse[0], {N}) : logsumexp(concat(chunk_lse, 1), -1);
-  Targets tg = device_targets(host_targets, ignore_index, hidden.device());
-  Tensor loss = masked_fill(sub(lse, target_logits(h32, weight, tg, softcap)), tg.ignored, 0.0f);
-  copy_into(out[0], loss);
+  if (!hidden_grad_in_forward)
+    lse = chunk_lse.size() == 1 ? reshape(chunk_lse[0], {N}) : logsumexp(concat(chunk_lse, 1), -1);
+  Tensor zt = target_logits(h32, weight, tg, softcap);
+  copy_into(out[0], masked_fill(sub(lse, zt), tg.ignored, 0.0f));
   copy_into(out[1], lse);
+  if (!hidden_grad_in_forward) return;
+  // The one-hot term: - slope(z[target]) W[target], none where ignored.
+  Tensor coef = softcap > 0 ? cap_slope(zt, softcap) : Tensor::full({N}, 1.0f, DType::f32, d);
+  coef = masked_fill(coef, tg.ignored, 0.0f);
+  copy_into(out[2], sub(unit, mul(f32(embedding(weight, tg.safe)), col(coef))));
 }
 
 // The lse output is internal (the op function returns only the loss), so cot[1] is always undefined.
@@ -129,16 +158,18 @@ std::vector<Tensor> LinearCrossEntropy::vjp(const Node& node, const std::vector<
   const Tensor& lse = node.outputs[1];
   const Device d = hidden.device();
   const int64_t V = weight.dim(0);
-  Tensor h = product_operand(hidden, weight), g = contiguous(f32(cot[0]));
+  Tensor g = contiguous(f32(cot[0]));
+  if (hidden_grad_in_forward && !wanted[1]) return {cast_to(mul(node.outputs[2], col(g)), hidden.dtype()), {}, {}};
+  Tensor h = product_operand(hidden, weight);
   Tensor dh, dw;
   if (wanted[1]) dw = Tensor::empty(weight.shape(), weight.dtype(), d);
   for_each_chunk(V, chunk, [&](int64_t s, int64_t e) {
     Tensor z = chunk_logits(h, weight, s, e, softcap);
-    Tensor dz = apply1(std::make_shared<CrossEntropyGrad>(-1),
-                       {z, chunk_targets(host_targets, ignore_index, s, e, d), lse, g}, {z.shape(), DType::f32});
-    if (softcap > 0) dz = mul(dz, cap_slope(z, softcap));
     // 16-bit products take the logits' gradient in their dtype (as autocast does) and return f32.
-    dz = cast_to(dz, h.dtype());
+    DType dz_dtype = softcap > 0 ? DType::f32 : h.dtype();
+    Tensor dz = apply1(std::make_shared<CrossEntropyGrad>(-1),
+                       {z, chunk_targets(host_targets, ignore_index, s, e, d), lse, g}, {z.shape(), dz_dtype});
+    if (softcap > 0) dz = cast_to(mul(dz, cap_slope(z, softcap)), h.dtype());
     if (wanted[0]) {
       Tensor part = matmul(dz, rows_of(weight, s, e), DType::f32);
       dh = dh.defined() ? add(dh, part) : part;
@@ -153,7 +184,8 @@ std::vector<Tensor> LinearCrossEntropy::jvp(const Node& node, const std::vector<
   using namespace ops;
   const Tensor& th = t[0];
   const Tensor& tw = t[1];
-  if (!th.defined() && !tw.defined()) return {Tensor(), Tensor()};
+  const size_t n_out = node.output_shapes.size();
+  if (!th.defined() && !tw.defined()) return std::vector<Tensor>(n_out);
   const Tensor& hidden = node.inputs[0];
   const Tensor& weight = node.inputs[1];
   const Tensor& lse = node.outputs[1];
@@ -178,7 +210,9 @@ std::vector<Tensor> LinearCrossEntropy::jvp(const Node& node, const std::vector<
   Targets tg = device_targets(host_targets, ignore_index, hidden.device());
   Tensor tzt = raw_tangent(row_dot, embedding(weight, tg.safe), tw.defined() ? embedding(tw, tg.safe) : Tensor());
   if (softcap > 0) tzt = mul(tzt, cap_slope(target_logits(h32, weight, tg, softcap), softcap));
-  return {masked_fill(sub(tlse, tzt), tg.ignored, 0.0f), tlse};
+  std::vector<Tensor> tangents{masked_fill(sub(tlse, tzt), tg.ignored, 0.0f), tlse};
+  tangents.resize(n_out);  // U's tangent (a second-order term) is not computed
+  return tangents;
 }
 
 namespace ops {
@@ -208,8 +242,16 @@ Tensor linear_cross_entropy(const Tensor& hidden, const Tensor& weight, const Te
                        " is outside [0, " + std::to_string(V) + ") (ignore_index " + std::to_string(ignore_index) +
                        "; " + shapes() + ")");
   if (chunk == 0) chunk = default_vocab_chunk(N, V);
-  auto prim = std::make_shared<LinearCrossEntropy>(std::move(tv), ignore_index, softcap, std::min(chunk, V));
-  return apply(prim, {hidden, weight, contiguous(targets)}, {{{N}, DType::f32}, {{N}, DType::f32}})[0];
+  // Reverse mode will want d hidden but not d weight (a frozen head): compute it in the forward (see the top).
+  auto on_tape = [](const Tensor& t) { return t.requires_grad() || t.impl()->node; };
+  const char* env = std::getenv("LMTUNE_LOSS_GRAD_IN_FORWARD");  // 0: recompute the logits in the vjp (A/B timing)
+  bool grad_in_forward = grad_enabled() && !tape::saving_everything() && on_tape(hidden) && !on_tape(weight) &&
+                         !(env && std::string(env) == "0");
+  auto prim = std::make_shared<LinearCrossEntropy>(std::move(tv), ignore_index, softcap, std::min(chunk, V),
+                                                   grad_in_forward);
+  std::vector<OutputSpec> outs{{{N}, DType::f32}, {{N}, DType::f32}};
+  if (grad_in_forward) outs.push_back({{N, hidden.dim(1)}, DType::f32});
+  return apply(prim, {hidden, weight, contiguous(targets)}, outs)[0];
 }
 
 }  // namespace ops

@@ -16,11 +16,15 @@ namespace lmtune {
 // Outputs: loss f32 [N] (0 where target == ignore_index) and lse f32 [N] (log-sum-exp of each row's logits,
 // kept for the backward; the op function returns only the loss). Logits are f32: hidden is widened, the
 // product accumulates in f32; with softcap > 0 they are softcap · tanh(logits / softcap).
-// Saved for the vjp: the inputs (hidden, the weight — a view, not a copy — and targets) and lse.
+// Saved for the vjp: the inputs (hidden, the weight — a view, not a copy — and targets) and lse. With
+// hidden_grad_in_forward (set by the op function when reverse mode wants d hidden but not d weight) a third output,
+// U f32 [N, C], is d loss / d hidden for a unit upstream gradient, and the vjp scales its rows by g.
 class LinearCrossEntropy final : public Primitive {
  public:
-  LinearCrossEntropy(std::vector<int32_t> host_targets, int ignore_index, float softcap, int64_t chunk)
-      : host_targets(std::move(host_targets)), ignore_index(ignore_index), softcap(softcap), chunk(chunk) {}
+  LinearCrossEntropy(std::vector<int32_t> host_targets, int ignore_index, float softcap, int64_t chunk,
+                     bool hidden_grad_in_forward)
+      : host_targets(std::move(host_targets)), ignore_index(ignore_index), softcap(softcap), chunk(chunk),
+        hidden_grad_in_forward(hidden_grad_in_forward) {}
   const char* name() const override { return "linear_cross_entropy"; }
   void eval_cpu(const std::vector<Tensor>& in, std::vector<Tensor>& out) override { forward(in, out); }
   void eval_vulkan(const std::vector<Tensor>& in, std::vector<Tensor>& out) override { forward(in, out); }
@@ -35,12 +39,13 @@ class LinearCrossEntropy final : public Primitive {
   int ignore_index;
   float softcap;  // 0: none
   int64_t chunk;  // vocabulary rows per chunk (> 0)
+  bool hidden_grad_in_forward;  // a third output U = d loss / d hidden for g = 1 (see above)
 
  private:
   void forward(const std::vector<Tensor>& in, std::vector<Tensor>& out);
 };
 
-// Vocabulary rows per chunk when the caller leaves it to the op: at most ~128 MiB of f32 logits per chunk
+// Vocabulary rows per chunk when the caller leaves it to the op: at most ~256 MiB of f32 logits per chunk
 // (N rows × chunk), a multiple of 64 when that large, and never more than V.
 int64_t default_vocab_chunk(int64_t rows, int64_t vocab);
 

@@ -50,4 +50,20 @@ class CrossEntropyGrad final : public Primitive {
   int ignore_index;
 };
 
+// One vocabulary chunk of the fused loss's forward (linear_cross_entropy with the hidden gradient in the forward):
+// inputs z [N, c] f32 (the chunk's soft-capped logits), ignored i32 [N] (!= 0: a zero row) and, with has_prev,
+// prev f32 [N] (the log-sum-exp of the columns before). Outputs p [N, c] (any float dtype) and lse f32 [N]:
+//   lse = logaddexp(prev, logsumexp(z))   (logsumexp(z) alone without prev)
+//   p   = exp(z - lse) · (1 - (z / softcap)²)   (the soft-cap's slope only when softcap > 0)
+// In one pass over z (Vulkan: kernels/softmax.comp -DCHUNK). Not differentiable.
+class SoftmaxChunk final : public Primitive {
+ public:
+  SoftmaxChunk(float softcap, bool has_prev) : softcap(softcap), has_prev(has_prev) {}
+  const char* name() const override { return "softmax_chunk"; }
+  void eval_cpu(const std::vector<Tensor>& in, std::vector<Tensor>& out) override;
+  void eval_vulkan(const std::vector<Tensor>& in, std::vector<Tensor>& out) override;
+  float softcap;
+  bool has_prev;
+};
+
 }  // namespace lmtune
