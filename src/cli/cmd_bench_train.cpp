@@ -46,6 +46,7 @@ struct BenchTrainOptions {
   std::string targets = "all-linear";
   int steps = 10, warmup = 2;
   std::string grad_checkpointing = "on";
+  std::string transposed_weights = "auto";
   std::string precision = "bf16";
   double peak_tflops = 0;         // given peak; 0: none
   int64_t peak_matmul_size = -1;  // -1: auto (4096 on GPUs, smaller on CPU devices); 0: do not measure
@@ -65,6 +66,8 @@ void check_options(const BenchTrainOptions& o) {
   if (o.warmup < 0) throw ConfigError("bench train: --warmup must be >= 0 (got " + std::to_string(o.warmup) + ")");
   if (o.grad_checkpointing != "on" && o.grad_checkpointing != "off")
     throw ConfigError("bench train: --grad-checkpointing must be on or off (got '" + o.grad_checkpointing + "')");
+  if (o.transposed_weights != "auto" && o.transposed_weights != "on" && o.transposed_weights != "off")
+    throw ConfigError("bench train: --transposed-weights must be auto, on or off (got '" + o.transposed_weights + "')");
   if (o.precision != "bf16" && o.precision != "f32" && o.precision != "fp32")
     throw ConfigError("bench train: --precision must be bf16 or f32 (got '" + o.precision + "')");
   if (!(o.lr > 0)) throw ConfigError("bench train: --lr must be positive");
@@ -109,6 +112,9 @@ Recipe bench_recipe(const BenchTrainOptions& o) {
   r.lora.init_from = o.init_adapter;
   r.optimizer.lr = o.lr;
   r.train.grad_checkpointing = o.grad_checkpointing == "on";
+  r.train.transposed_weights = o.transposed_weights;
+  r.train.batch_size = o.batch;
+  r.data.max_seq_len = o.seq;
   r.train.seed = o.seed;
   return r;
 }
@@ -320,6 +326,8 @@ void add_bench_train_command(CLI::App& bench, const std::string& device) {
   cmd->add_option("--steps", o->steps, "timed steps (default 10)");
   cmd->add_option("--warmup", o->warmup, "warm-up steps before the timed ones (default 2)");
   cmd->add_option("--grad-checkpointing", o->grad_checkpointing, "on | off (default on)");
+  cmd->add_option("--transposed-weights", o->transposed_weights,
+                  "auto | on | off: keep the frozen weights transposed too (recipe train.transposed_weights)");
   cmd->add_option("--precision", o->precision, "bf16 | f32 (default bf16)");
   cmd->add_option("--peak-tflops", o->peak_tflops, "the device's peak TFLOP/s for MFU (e.g. 989 for H100 SXM bf16)");
   cmd->add_option("--peak-matmul-size", o->peak_matmul_size,

@@ -38,6 +38,11 @@ class Backend {
   // values are rounded to f16 there, so gradients below f16's normal range (6e-5) lose precision or flush to
   // zero unless training scales its loss (train/loss_scaler.h).
   virtual bool rounds_bf16_products_to_f16() const { return false; }
+  // Whether x · W runs measurably faster than x · Wᵀ for a weight W (the tensor-core GEMM reads the untransposed
+  // layout 5-8% faster: bench/RESULTS.md), so that a transposed copy of a frozen weight pays for its memory.
+  virtual bool prefers_transposed_weights() const { return false; }
+  // Bytes that allocations can still get (device memory budget); 0 when the backend cannot tell.
+  virtual size_t available_bytes() const { return 0; }
 };
 
 // The backend for a device (created on first use). Defined in src/backend/registry.cpp.

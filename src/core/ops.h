@@ -74,10 +74,13 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int ignore_ind
 // The language-model loss without the [N, V] logits (core/ops/linear_cross_entropy.cpp): per-row
 // cross_entropy(softcap(linear(hidden [N, C] widened to f32, weight [V, C]))) against i32 targets [N], f32 [N],
 // 0 where target == ignore_index. softcap > 0: logits = softcap * tanh(logits / softcap). Forward and backward
-// go over the vocabulary in chunks of `chunk` weight rows (0 = automatic: ~256 MiB of f32 logits per chunk),
-// recomputing each chunk's logits in the backward; the weight's gradient is computed only when it wants one.
+// go over the vocabulary in chunks of `chunk` weight rows (0 = automatic: ~256 MiB of f32 logits per chunk);
+// with a frozen weight the forward computes d hidden as it goes, else the backward recomputes each chunk's
+// logits; the weight's gradient is computed only when it wants one. weight_t: the frozen weight stored
+// transposed ([C, V]), read by the logits products in place of weightᵀ (faster on tensor cores).
 Tensor linear_cross_entropy(const Tensor& hidden, const Tensor& weight, const Tensor& targets,
-                            int ignore_index = -100, float softcap = 0, int64_t chunk = 0);
+                            int ignore_index = -100, float softcap = 0, int64_t chunk = 0,
+                            const Tensor& weight_t = Tensor());
 
 // ---- matmul (core/ops/matmul.cpp) ----
 // [..., M, K] x [..., K, N] -> [..., M, N] with broadcast batch dims. Operands may be transposed views
@@ -96,9 +99,10 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor
 Tensor autocast_linear(const Tensor& x, const Tensor& weight);
 // x Wᵀ + scale (x_in Aᵀ) Bᵀ for f16/bf16 x [..., K], weight [N, K], f32 LoRA factors A [R, K], B [N, R], the delta
 // fused into the base product (and, when the adapter's input x_in is x itself, into dx's), the factors' gradients
-// in f32 (core/ops/lora_linear.cpp). x_in: x after LoRA dropout; undefined = x.
+// in f32 (core/ops/lora_linear.cpp). x_in: x after LoRA dropout; undefined = x. weight_t: the frozen weight
+// stored transposed ([K, N]), read by the forward product in place of weightᵀ (faster on tensor cores).
 Tensor lora_linear(const Tensor& x, const Tensor& weight, const Tensor& a, const Tensor& b, float scale,
-                   const Tensor& x_in = Tensor());
+                   const Tensor& x_in = Tensor(), const Tensor& weight_t = Tensor());
 
 // ---- normalization, rotary embedding, embedding (core/ops/nn.cpp) ----
 Tensor rms_norm(const Tensor& x, const Tensor& weight, float eps);                     // over the last axis

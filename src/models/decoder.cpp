@@ -420,7 +420,7 @@ Tensor Decoder::token_losses(const Tensor& hidden, const Tensor& targets) const 
   Tensor h = ops::reshape(hidden, {N, C}), t = ops::reshape(targets, {N});
   if (!fused_cross_entropy()) return ops::cross_entropy(logits(h), t, -100);
   return ops::linear_cross_entropy(h, weights_.lm_head, t, -100, float(config_.final_logit_softcapping),
-                                   fused_cross_entropy_chunk());
+                                   fused_cross_entropy_chunk(), weights_.lm_head_t);
 }
 
 Tensor Decoder::forward(const Tensor& ids, const Tensor& positions, const ForwardOptions& options) const {

@@ -42,6 +42,7 @@ struct DecoderWeights {
   std::vector<LayerWeights> layers;
   Tensor final_norm;  // [C]
   Tensor lm_head;     // [V, C]; the same tensor as embed when tie_word_embeddings
+  Tensor lm_head_t;   // [C, V]: the frozen lm_head stored transposed too, or undefined (train.transposed_weights)
 
   // Every Linear of every layer (q, k, v, o, gate, up, down per layer), e.g. to attach adapters.
   std::vector<Linear*> linears();

@@ -62,8 +62,9 @@ class Linear {
   // W + Σ scale · B A in the weight's dtype (for export of merged weights).
   Tensor merged_weight() const;
 
-  Tensor weight;  // [out, in]
-  Tensor bias;    // [out] or undefined
+  Tensor weight;    // [out, in]
+  Tensor weight_t;  // [in, out]: the frozen weight stored transposed too, or undefined (see train.transposed_weights)
+  Tensor bias;      // [out] or undefined
   std::vector<LoraAdapter> adapters;
 };
 

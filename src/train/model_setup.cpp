@@ -9,7 +9,10 @@
 #include "core/error.h"
 #include "io/hf_config.h"
 #include "io/peft_adapter.h"
+#include "core/backend.h"
+#include "core/ops.h"
 #include "models/adapters.h"
+#include "models/memory.h"
 #include "models/weights.h"
 
 namespace lmtune {
@@ -42,6 +45,47 @@ DType stored_dtype(const ModelConfig& config) {
   if (config.torch_dtype == "bfloat16") return DType::bf16;
   if (config.torch_dtype == "float16") return DType::f16;
   return DType::f32;
+}
+
+std::string gib(uint64_t bytes) { return fmt::format("{:.2f} GiB", double(bytes) / double(1ull << 30)); }
+
+// train.transposed_weights: the frozen weights of the adapted layers and lm_head are also kept transposed, so that
+// their forward products (x Wᵀ) read the layout the backend multiplies fastest (x · W). auto: where the backend
+// prefers it and the copies fit beside 1.5x the estimated activations, adapters and optimizer state.
+void keep_transposed_weights(const Recipe& r, TrainableModel& tm, Device device) {
+  const std::string& mode = r.train.transposed_weights;
+  const DType compute = compute_dtype(r);
+  if (mode == "off" || (compute != DType::f16 && compute != DType::bf16)) return;  // f32: the unfused layers
+  models::DecoderWeights& w = tm.decoder->weights();
+  std::vector<models::Linear*> linears;
+  uint64_t bytes = w.lm_head.nbytes();
+  for (const models::NamedLinear& nl : models::named_linears(w))
+    if (nl.linear->adapters.size() == 1 && !nl.linear->bias.defined()) {
+      linears.push_back(nl.linear);
+      bytes += nl.linear->weight.nbytes();
+    }
+  if (mode == "auto") {
+    Backend& be = backend(device);
+    if (!be.prefers_transposed_weights()) return;
+    models::TrainingMemoryOptions mo;
+    mo.batch = r.train.batch_size;
+    mo.seq = r.data.max_seq_len;
+    mo.rank = tm.lora_rank;
+    mo.weight_dtype = tm.weight_dtype;
+    mo.compute_dtype = compute;
+    const models::TrainingMemoryEstimate e =
+        models::estimate_training_memory(tm.decoder->config(), mo);
+    const uint64_t rest = e.total(r.train.grad_checkpointing) - e.weights, available = be.available_bytes();
+    if (bytes + rest + rest / 2 > available) {
+      spdlog::info("train.transposed_weights auto: not keeping transposed weights ({} beside ~{} of training state "
+                   "would exceed the {} available)", gib(bytes), gib(rest), gib(available));
+      return;
+    }
+  }
+  for (models::Linear* l : linears) l->weight_t = ops::contiguous(ops::transpose(l->weight));
+  w.lm_head_t = ops::contiguous(ops::transpose(w.lm_head));
+  spdlog::info("train.transposed_weights: the frozen weights of {} layers and lm_head also kept transposed (+{})",
+               linears.size(), gib(bytes));
 }
 
 }  // namespace
@@ -107,6 +151,7 @@ TrainableModel build_trainable_model(const Recipe& r, Device device) {
     }
   }
   if (tm.params.empty()) throw ConfigError("lora: no module of the model matches lora.targets");
+  keep_transposed_weights(r, tm, device);
   return tm;
 }
 

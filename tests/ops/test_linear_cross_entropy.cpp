@@ -97,6 +97,13 @@ TEST_P(OpTest, LinearCrossEntropyFrozenWeight) {
         auto [uo, ug] = lmtune::vjp(unfused, {h}, {g});
         EXPECT_TRUE(agree(fo[0], uo[0], 1e-10)) << "loss";
         EXPECT_TRUE(agree(fg[0], ug[0], tolerance_vs_unfused(dt))) << "d hidden";
+        // The weight's transposed copy for the logits products gives the same.
+        Tensor wt = ops::contiguous(ops::transpose(w));
+        auto [to, tgr] = lmtune::vjp(
+            [&](const V& in) { return V{ops::linear_cross_entropy(in[0], w, targets, -100, softcap, chunk, wt)}; }, {h},
+            {g});
+        EXPECT_TRUE(agree(to[0], fo[0], 1e-10)) << "loss, transposed weight";
+        EXPECT_TRUE(agree(tgr[0], fg[0], tolerance_vs_unfused(dt))) << "d hidden, transposed weight";
         std::vector<float> d_ignored = ops::slice(fg[0], 0, 2, 3).to_floats();
         EXPECT_EQ(*std::max_element(d_ignored.begin(), d_ignored.end()), 0.0f);
         EXPECT_EQ(*std::min_element(d_ignored.begin(), d_ignored.end()), 0.0f);
@@ -113,6 +120,9 @@ TEST_P(OpTest, LinearCrossEntropyErrors) {
   EXPECT_THROW(ops::linear_cross_entropy(h, w, make_input({3}, DType::f32, dev(), 102)), ShapeError);
   EXPECT_THROW(ops::linear_cross_entropy(h, w, t, -100, -1.0f), ShapeError);
   EXPECT_THROW(ops::linear_cross_entropy(h, w, t, -100, 0, -5), ShapeError);
+  EXPECT_THROW(ops::linear_cross_entropy(h, w, t, -100, 0, 0, w), ShapeError);  // a transposed copy is [C, V]
+  Tensor trained = make_input({10, 8}, DType::f32, dev(), 100).set_requires_grad();
+  EXPECT_THROW(ops::linear_cross_entropy(h, trained, t, -100, 0, 0, ops::transpose(w)), AutodiffError);
   try {
     ops::linear_cross_entropy(h, w, Tensor::from_ints({1, 10, 2}, {3}, dev()));
     ADD_FAILURE() << "no error for target 10";

@@ -132,9 +132,6 @@ TEST_P(OpTest, MatmulLowRank) {
                lmtune::ShapeError);
 }
 
-// One LoRA adapter fused into its linear layer (ops::lora_linear) against double arithmetic on the same operand
-// values (factors and the rank-R intermediate rounded to f16, as the op keeps them): output, all four gradients
-// (the factors' in f32), and forward mode against reverse mode.
 // One LoRA adapter fused into its linear layer (ops::lora_linear), without and with LoRA dropout on the adapter's
 // input, against double arithmetic on the same operand values (factors and the rank-R intermediate rounded to
 // f16, as the op keeps them): output, all four gradients (the factors' in f32), forward mode against reverse mode.
@@ -205,6 +202,47 @@ TEST_P(OpTest, LoraLinear) {
   EXPECT_THROW(ops::lora_linear(make_input({2, 3}, DType::f32, dev(), 99), make_input({4, 3}, DType::f32, dev(), 100),
                                 make_input({2, 3}, DType::f32, dev(), 101), make_input({4, 2}, DType::f32, dev(), 102), 1.0f),
                lmtune::ShapeError);
+}
+
+// A frozen weight's transposed copy (weight_t, read by the forward product as x · weight_t) gives what the weight
+// alone gives: output and the gradients of x, A and B, with and without dropout, on shapes that take the tensor-core
+// fast kernel on GPUs (its nn layout with the addend) and on odd ones; bad copies are refused.
+TEST_P(OpTest, LoraLinearTransposedWeight) {
+  struct Case {
+    Shape x;
+    int64_t N, R;
+  };
+  for (const Case& c : std::vector<Case>{{{3, 13, 33}, 17, 5}, {{2, 128, 256}, 256, 16}})
+    for (bool drop : {false, true}) {
+      LMTUNE_CASE(to_string(c.x) << " N " << c.N << " dropout " << drop);
+      const int64_t K = c.x.back();
+      Tensor x = make_input(c.x, DType::bf16, dev(), 190);
+      Tensor w = make_input({c.N, K}, DType::bf16, dev(), 191);
+      Tensor wt = ops::contiguous(ops::transpose(w));
+      Tensor a = make_input({c.R, K}, DType::f32, dev(), 192);
+      Tensor b = make_input({c.N, c.R}, DType::f32, dev(), 193);
+      Shape yshape = c.x;
+      yshape.back() = c.N;
+      Tensor cot = make_input(yshape, DType::f32, dev(), 194);
+      auto loss = [&](const Tensor& weight_t) {
+        return [&, weight_t](const std::vector<Tensor>& in) {
+          Tensor x_in = drop ? ops::dropout(in[0], 0.25f, 78) : Tensor();
+          Tensor y = ops::lora_linear(in[0], w, in[1], in[2], 1.5f, x_in, weight_t);
+          return std::vector<Tensor>{ops::sum_all(ops::mul(ops::cast(y, DType::f32), cot)), y};
+        };
+      };
+      auto [v0, g0] = value_and_grad(loss(Tensor()))({x, a, b});
+      auto [v1, g1] = value_and_grad(loss(wt))({x, a, b});
+      EXPECT_TRUE(close(loss(wt)({x, a, b})[1], ref::of(loss(Tensor())({x, a, b})[1]), DType::bf16)) << "y";
+      for (size_t i = 0; i < 3; ++i) EXPECT_TRUE(close(g1[i], ref::of(g0[i]), DType::bf16)) << "grad " << i;
+    }
+  Tensor x = make_input({4, 8}, DType::bf16, dev(), 195), w = make_input({6, 8}, DType::bf16, dev(), 196);
+  Tensor a = make_input({2, 8}, DType::f32, dev(), 197), b = make_input({6, 2}, DType::f32, dev(), 198);
+  EXPECT_THROW(ops::lora_linear(x, w, a, b, 1.0f, Tensor(), w), lmtune::ShapeError);  // not transposed
+  EXPECT_THROW(ops::lora_linear(x, w, a, b, 1.0f, Tensor(), ops::cast(ops::transpose(w), DType::f32)),
+               lmtune::ShapeError);
+  Tensor trained = make_input({6, 8}, DType::bf16, dev(), 196).set_requires_grad();
+  EXPECT_THROW(ops::lora_linear(x, trained, a, b, 1.0f, Tensor(), ops::transpose(w)), lmtune::AutodiffError);
 }
 
 TEST_P(OpTest, Linear) {

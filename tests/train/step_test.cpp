@@ -15,6 +15,7 @@
 #include "core/ops.h"
 #include "core/ops/view.h"
 #include "data/batcher.h"
+#include "models/adapters.h"
 #include "models/init_model.h"
 #include "models/linear.h"
 #include "models/weights.h"
@@ -194,6 +195,37 @@ TEST(TrainStep, DropoutIsReproducedByCheckpointRecomputation) {
   EXPECT_EQ(plain.grads, ckpt.grads);  // the recomputed masks are the forward pass's
   EXPECT_NE(plain.loss, other_step.loss);
   EXPECT_NE(plain.loss, none.loss);
+}
+
+// train.transposed_weights=on keeps transposed copies of the adapted layers' weights and lm_head (read by the
+// forward products) and trains the same: loss and every LoRA gradient match the run without them (bf16, the fused
+// LoRA path). auto leaves them out where the backend gains nothing from them (the CPU).
+TEST(TrainStep, TransposedWeightsSameLossAndGradients) {
+  Fixture f;
+  Dataset ds = f.dataset(text_corpus(4));
+  Batch b = Batcher(ds, 2, 64, true, 1).next();
+  std::vector<LossAndGrads> runs;
+  for (const char* mode : {"off", "on", "auto"}) {
+    TrainableModel tm = build_trainable_model(
+        f.recipe({"precision=bf16", std::string("train.transposed_weights=") + mode}), Device::cpu());
+    randomize_lora_b(tm);
+    const bool kept = std::string(mode) == "on";
+    EXPECT_EQ(tm.decoder->weights().lm_head_t.defined(), kept) << mode;
+    for (const models::NamedLinear& nl : models::named_linears(tm.decoder->weights()))
+      EXPECT_EQ(nl.linear->weight_t.defined(), kept && !nl.linear->adapters.empty()) << mode << " " << nl.module;
+    runs.push_back(loss_and_grads(tm, b, false));
+  }
+  EXPECT_NEAR(runs[1].loss, runs[0].loss, 1e-3 * std::abs(runs[0].loss));
+  EXPECT_EQ(runs[2].loss, runs[0].loss);
+  ASSERT_EQ(runs[1].grads.size(), runs[0].grads.size());
+  for (size_t i = 0; i < runs[0].grads.size(); ++i) {
+    double d2 = 0, n2 = 0;
+    for (size_t j = 0; j < runs[0].grads[i].size(); ++j) {
+      d2 += std::pow(double(runs[1].grads[i][j]) - runs[0].grads[i][j], 2);
+      n2 += std::pow(double(runs[0].grads[i][j]), 2);
+    }
+    EXPECT_LE(d2, 1e-4 * n2 + 1e-20) << "gradient " << i;
+  }
 }
 
 TEST(TrainStep, Fp16OverflowSkipsTheStepAndHalvesTheScale) {

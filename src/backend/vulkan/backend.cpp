@@ -90,6 +90,11 @@ class VulkanBackend final : public Backend {
   bool rounds_bf16_products_to_f16() const override {
     return matmul_options().kernel != MatmulKernel::scalar && coopmat_available(ctx_->index());
   }
+  bool prefers_transposed_weights() const override { return rounds_bf16_products_to_f16(); }
+  size_t available_bytes() const override {
+    std::lock_guard lock(ctx_->mutex());
+    return size_t(ctx_->allocator().available());
+  }
 
  private:
   DeviceBuffer& device_buffer(Buffer& b) {

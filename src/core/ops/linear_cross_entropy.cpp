@@ -53,9 +53,12 @@ Tensor product_operand(const Tensor& hidden, const Tensor& weight) {
   return half && hidden.dtype() == weight.dtype() ? hidden : f32(hidden);
 }
 
-// The chunk's logits z [N, e - s], f32 (matmul accumulates in f32 and returns f32).
-Tensor chunk_logits(const Tensor& h, const Tensor& weight, int64_t s, int64_t e, float softcap) {
-  return cap(ops::matmul(h, ops::transpose(rows_of(weight, s, e)), DType::f32), softcap);
+// The chunk's logits z [N, e - s], f32 (matmul accumulates in f32 and returns f32), from the transposed copy of
+// the weight ([C, V]: columns s..e) when there is one.
+Tensor chunk_logits(const Tensor& h, const Tensor& weight, const Tensor& weight_t, int64_t s, int64_t e,
+                    float softcap) {
+  Tensor wt = weight_t.defined() ? ops::slice(weight_t, 1, s, e) : ops::transpose(rows_of(weight, s, e));
+  return cap(ops::matmul(h, wt, DType::f32), softcap);
 }
 
 // Σ_C a[n, c] b[n, c] in f32: [N].
@@ -121,7 +124,7 @@ void LinearCrossEntropy::forward(const std::vector<Tensor>& in, std::vector<Tens
   std::vector<Tensor> chunk_lse;  // [N, 1] each
   Tensor lse, unit;               // with the hidden gradient in the forward: the running lse and U
   for_each_chunk(V, chunk, [&](int64_t s, int64_t e) {
-    Tensor z = chunk_logits(h, weight, s, e, softcap);
+    Tensor z = chunk_logits(h, weight, weight_t, s, e, softcap);
     if (!hidden_grad_in_forward) {
       chunk_lse.push_back(logsumexp(z, -1, true));
       return;
@@ -164,7 +167,7 @@ std::vector<Tensor> LinearCrossEntropy::vjp(const Node& node, const std::vector<
   Tensor dh, dw;
   if (wanted[1]) dw = Tensor::empty(weight.shape(), weight.dtype(), d);
   for_each_chunk(V, chunk, [&](int64_t s, int64_t e) {
-    Tensor z = chunk_logits(h, weight, s, e, softcap);
+    Tensor z = chunk_logits(h, weight, weight_t, s, e, softcap);
     // 16-bit products take the logits' gradient in their dtype (as autocast does) and return f32.
     DType dz_dtype = softcap > 0 ? DType::f32 : h.dtype();
     Tensor dz = apply1(std::make_shared<CrossEntropyGrad>(-1),
@@ -201,7 +204,7 @@ std::vector<Tensor> LinearCrossEntropy::jvp(const Node& node, const std::vector<
   auto mm = [](const Tensor& a, const Tensor& w) { return matmul(a, transpose(w)); };
   Tensor tlse;
   for_each_chunk(V, chunk, [&](int64_t s, int64_t e) {
-    Tensor z = chunk_logits(h32, weight, s, e, softcap);
+    Tensor z = chunk_logits(h32, weight, Tensor(), s, e, softcap);
     Tensor tz = raw_tangent(mm, rows_of(weight, s, e), tw.defined() ? rows_of(tw, s, e) : Tensor());
     if (softcap > 0) tz = mul(tz, cap_slope(z, softcap));
     Tensor part = sum(mul(exp(sub(z, col(lse))), tz), {-1});
@@ -218,7 +221,7 @@ std::vector<Tensor> LinearCrossEntropy::jvp(const Node& node, const std::vector<
 namespace ops {
 
 Tensor linear_cross_entropy(const Tensor& hidden, const Tensor& weight, const Tensor& targets, int ignore_index,
-                            float softcap, int64_t chunk) {
+                            float softcap, int64_t chunk, const Tensor& weight_t) {
   auto shapes = [&] {
     return "hidden " + std::string(dtype_name(hidden.dtype())) + " " + to_string(hidden.shape()) + ", weight " +
            std::string(dtype_name(weight.dtype())) + " " + to_string(weight.shape()) + ", targets " +
@@ -232,6 +235,14 @@ Tensor linear_cross_entropy(const Tensor& hidden, const Tensor& weight, const Te
     throw ShapeError("linear_cross_entropy: targets must be i32 [N] with N = hidden rows, got " + shapes());
   if (!(softcap >= 0) || !std::isfinite(softcap))
     throw ShapeError("linear_cross_entropy: softcap must be >= 0 (0 = none), got " + std::to_string(softcap));
+  if (weight_t.defined() && (weight_t.dtype() != weight.dtype() || weight_t.ndim() != 2 ||
+                             weight_t.dim(0) != weight.dim(1) || weight_t.dim(1) != weight.dim(0)))
+    throw ShapeError("linear_cross_entropy: the transposed weight must be [C, V] = [" +
+                     std::to_string(weight.dim(1)) + ", " + std::to_string(weight.dim(0)) + "] of the weight's dtype, got " +
+                     std::string(dtype_name(weight_t.dtype())) + " " + to_string(weight_t.shape()));
+  if (weight_t.defined() && (weight.requires_grad() || weight.impl()->node))
+    throw AutodiffError("linear_cross_entropy: a transposed copy of the weight is for a frozen weight; this one "
+                        "requires grad");
   if (chunk < 0) throw ShapeError("linear_cross_entropy: chunk must be >= 0 (0 = automatic), got " +
                                   std::to_string(chunk));
   const int64_t N = hidden.dim(0), V = weight.dim(0);
@@ -248,7 +259,7 @@ Tensor linear_cross_entropy(const Tensor& hidden, const Tensor& weight, const Te
   bool grad_in_forward = grad_enabled() && !tape::saving_everything() && on_tape(hidden) && !on_tape(weight) &&
                          !(env && std::string(env) == "0");
   auto prim = std::make_shared<LinearCrossEntropy>(std::move(tv), ignore_index, softcap, std::min(chunk, V),
-                                                   grad_in_forward);
+                                                   grad_in_forward, weight_t);
   std::vector<OutputSpec> outs{{{N}, DType::f32}, {{N}, DType::f32}};
   if (grad_in_forward) outs.push_back({{N, hidden.dim(1)}, DType::f32});
   return apply(prim, {hidden, weight, contiguous(targets)}, outs)[0];

@@ -22,9 +22,9 @@ namespace lmtune {
 class LinearCrossEntropy final : public Primitive {
  public:
   LinearCrossEntropy(std::vector<int32_t> host_targets, int ignore_index, float softcap, int64_t chunk,
-                     bool hidden_grad_in_forward)
+                     bool hidden_grad_in_forward, Tensor weight_t = Tensor())
       : host_targets(std::move(host_targets)), ignore_index(ignore_index), softcap(softcap), chunk(chunk),
-        hidden_grad_in_forward(hidden_grad_in_forward) {}
+        hidden_grad_in_forward(hidden_grad_in_forward), weight_t(std::move(weight_t)) {}
   const char* name() const override { return "linear_cross_entropy"; }
   void eval_cpu(const std::vector<Tensor>& in, std::vector<Tensor>& out) override { forward(in, out); }
   void eval_vulkan(const std::vector<Tensor>& in, std::vector<Tensor>& out) override { forward(in, out); }
@@ -40,6 +40,7 @@ class LinearCrossEntropy final : public Primitive {
   float softcap;  // 0: none
   int64_t chunk;  // vocabulary rows per chunk (> 0)
   bool hidden_grad_in_forward;  // a third output U = d loss / d hidden for g = 1 (see above)
+  Tensor weight_t;              // the frozen weight stored transposed ([C, V]) for the logits products, or undefined
 
  private:
   void forward(const std::vector<Tensor>& in, std::vector<Tensor>& out);

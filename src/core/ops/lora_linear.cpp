@@ -22,7 +22,11 @@ void LoraLinear::forward(const std::vector<Tensor>& in, std::vector<Tensor>& out
   down = ops::matmul(in.size() > 4 ? rows(in[4]) : x2, ops::transpose(a16), DType::f16);
   std::vector<Tensor> y{ops::reshape(out[0], {-1, w.dim(0)})};
   MatmulLowRank product(scale);
-  eval_on(x.device(), product, {x2, ops::transpose(w), down, ops::transpose(b16)}, y);
+  // The addend's up factor takes the base weight's layout ([R, N] rows beside weight_t's [K, N]).
+  if (weight_t.defined())
+    eval_on(x.device(), product, {x2, weight_t, down, ops::contiguous(ops::transpose(b16))}, y);
+  else
+    eval_on(x.device(), product, {x2, ops::transpose(w), down, ops::transpose(b16)}, y);
 }
 
 // g [M, N]: with gb = s g B [M, R], dx = g W + gb A (one product with a low-rank addend), dA = gbᵀ x and
@@ -69,7 +73,7 @@ std::vector<Tensor> LoraLinear::jvp(const Node& node, const std::vector<Tensor>&
 namespace ops {
 
 Tensor lora_linear(const Tensor& x, const Tensor& weight, const Tensor& a, const Tensor& b, float scale,
-                   const Tensor& x_in) {
+                   const Tensor& x_in, const Tensor& weight_t) {
   const bool half = x.dtype() == DType::f16 || x.dtype() == DType::bf16;
   if (!half || x.ndim() < 1 || weight.ndim() != 2 || a.ndim() != 2 || b.ndim() != 2 || a.dtype() != DType::f32 ||
       b.dtype() != DType::f32 || !is_float(weight.dtype()) || x.dim(-1) != weight.dim(1) || a.dim(1) != weight.dim(1) ||
@@ -81,11 +85,19 @@ Tensor lora_linear(const Tensor& x, const Tensor& weight, const Tensor& a, const
   if (x_in.defined() && (x_in.shape() != x.shape() || x_in.dtype() != x.dtype()))
     throw ShapeError("lora_linear: the adapter's input " + to_string(x_in.shape()) + " differs from x " +
                      to_string(x.shape()));
+  if (weight_t.defined() && (weight_t.dtype() != weight.dtype() || weight_t.ndim() != 2 ||
+                             weight_t.dim(0) != weight.dim(1) || weight_t.dim(1) != weight.dim(0)))
+    throw ShapeError("lora_linear: the transposed weight must be " + std::string(dtype_name(weight.dtype())) + " [" +
+                     std::to_string(weight.dim(1)) + ", " + std::to_string(weight.dim(0)) + "], got " +
+                     std::string(dtype_name(weight_t.dtype())) + " " + to_string(weight_t.shape()));
+  if (weight_t.defined() && (weight.requires_grad() || weight.impl()->node))
+    throw AutodiffError("lora_linear: a transposed copy of the weight is for a frozen weight; this one requires grad");
   Shape out = x.shape();
   out.back() = weight.dim(0);
   std::vector<Tensor> in{x, weight, a, b};
   if (x_in.defined()) in.push_back(x_in);
-  return apply1(std::make_shared<LoraLinear>(scale), in, {out, x.dtype()});
+  return apply1(std::make_shared<LoraLinear>(scale, weight_t.defined() ? ops::contiguous(weight_t) : Tensor()), in,
+                {out, x.dtype()});
 }
 
 }  // namespace ops

@@ -12,10 +12,12 @@ namespace lmtune {
 
 // Inputs: x [..., K] (f16 or bf16), weight [N, K] (any float dtype; frozen or not), a [R, K] and b [N, R] (f32),
 // and optionally x_in (x after LoRA dropout: the adapter's input; dx is then two products). Output: y [..., N] in
-// x's dtype.
+// x's dtype. weight_t, where given, is the frozen weight stored transposed ([K, N]): the forward product then reads
+// it as x · weight_t (the layout the tensor-core GEMM runs fastest) instead of x · weightᵀ; the backward keeps
+// using weight (g · W is already that layout).
 class LoraLinear final : public Primitive {
  public:
-  explicit LoraLinear(float scale) : scale(scale) {}
+  LoraLinear(float scale, Tensor weight_t) : scale(scale), weight_t(std::move(weight_t)) {}
   const char* name() const override { return "lora_linear"; }
   void eval_cpu(const std::vector<Tensor>& in, std::vector<Tensor>& out) override { forward(in, out); }
   void eval_vulkan(const std::vector<Tensor>& in, std::vector<Tensor>& out) override { forward(in, out); }
@@ -25,6 +27,7 @@ class LoraLinear final : public Primitive {
   std::vector<Tensor> jvp(const Node& node, const std::vector<Tensor>& t) override;
 
   const float scale;
+  const Tensor weight_t;  // [K, N] or undefined
 
  private:
   void forward(const std::vector<Tensor>& in, std::vector<Tensor>& out);
