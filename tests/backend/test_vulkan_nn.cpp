@@ -159,7 +159,7 @@ TEST(VulkanNN, RopeBothLayoutsAndInverse) {
   REQUIRE_VULKAN();
   const int64_t B = 2, T = 5, H = 3;
   for (DType dt : kFloats)
-    for (auto [D, R] : {std::pair<int64_t, int64_t>{16, 16}, {18, 8}})
+    for (auto [D, R] : {std::pair<int64_t, int64_t>{16, 16}, {18, 8}, {24, 16}})  // vec; scalar; vec + pass-through
       for (bool inter : {false, true})
         for (bool inverse : {false, true}) {
           SCOPED_TRACE("D " + std::to_string(D) + " R " + std::to_string(R) + (inter ? " interleaved" : " half") +

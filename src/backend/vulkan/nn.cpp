@@ -25,7 +25,7 @@ struct RmsGradPush {
   uint32_t c, rows, x_off, w_off, rstd_off, g_off, dx_off, dtypes, vec;
 };
 struct RopePush {
-  uint32_t total, d, h, r, x_off, pos_off, freq_off, y_off, dtypes, interleaved, inverse;
+  uint32_t total, d, h, r, x_off, pos_off, freq_off, y_off, dtypes, interleaved, inverse, vec;
 };
 struct EmbeddingPush {
   uint32_t total, c, v, w_off, ids_off, y_off, dtypes;
@@ -94,11 +94,14 @@ void rope_apply(const Tensor& x_in, const Tensor& positions_in, const Tensor& in
   int64_t r = 2 * freq.numel();
   if (r > x.dim(3)) throw ShapeError("vulkan rope: 2 * inv_freq size " + std::to_string(r) + " exceeds head dim");
   u32(x.numel(), "element count");
-  // One invocation per rotated pair or pass-through dim of each [B, T, H] row.
-  const int64_t units = x.dim(0) * x.dim(1) * x.dim(2) * (r / 2 + x.dim(3) - r);
-  RopePush p{u32(units, "rope units"), u32(x.dim(3), "head dim"), u32(x.dim(2), "heads"), u32(r, "rotary dims"),
+  // One invocation per rotated pair or pass-through dim of each [B, T, H] row; on the vector path per 4 of them.
+  const int64_t D = x.dim(3), rows = x.dim(0) * x.dim(1) * x.dim(2);
+  const bool vec = vector_paths() && !interleaved && (r / 2) % 4 == 0 && (D - r) % 4 == 0 &&
+                   elem_offset(x) % 4 == 0 && elem_offset(y) % 4 == 0;
+  const int64_t units = rows * (r / 2 + D - r) / (vec ? 4 : 1);
+  RopePush p{u32(units, "rope units"), u32(D, "head dim"), u32(x.dim(2), "heads"), u32(r, "rotary dims"),
              elem_offset(x), elem_offset(pos), elem_offset(freq), elem_offset(y),
-             uint32_t(x.dtype()) | uint32_t(y.dtype()) << 4, interleaved, inverse};
+             uint32_t(x.dtype()) | uint32_t(y.dtype()) << 4, interleaved, inverse, vec};
   ctx.dispatch(variant(ctx, "rope"), {in(x), in(pos), in(freq), out(y)}, p, groups_1d(p.total, 256), {256});
 }
 
