@@ -242,6 +242,7 @@ Scope::~Scope() {
 }  // namespace tape
 
 bool grad_enabled() { return t_grad_enabled; }
+bool on_tape(const Tensor& t) { return t.defined() && (t.requires_grad() || t.impl()->node); }
 NoGrad::NoGrad() : prev_(t_grad_enabled) { t_grad_enabled = false; }
 NoGrad::~NoGrad() { t_grad_enabled = prev_; }
 

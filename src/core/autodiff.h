@@ -33,6 +33,8 @@ struct Node {
 
 // Gradient recording is on by default; NoGrad turns it off for a scope (evaluation, optimizer updates).
 bool grad_enabled();
+// Whether reverse mode can reach t: it requires grad, or a recorded op produced it.
+bool on_tape(const Tensor& t);
 class NoGrad {
  public:
   NoGrad();

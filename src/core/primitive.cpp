@@ -63,7 +63,7 @@ std::vector<Tensor> record(std::shared_ptr<Primitive> prim, const std::vector<Te
                            std::vector<Tensor> outputs) {
   if (!grad_enabled()) return outputs;
   bool any = tape::force_record();
-  for (const auto& t : inputs) any = any || (t.defined() && (t.requires_grad() || t.impl()->node));
+  for (const auto& t : inputs) any = any || on_tape(t);
   if (!any) return outputs;
   bool any_float_out = false;
   for (const auto& o : outputs) any_float_out = any_float_out || is_float(o.dtype());

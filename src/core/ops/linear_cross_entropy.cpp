@@ -240,7 +240,7 @@ Tensor linear_cross_entropy(const Tensor& hidden, const Tensor& weight, const Te
     throw ShapeError("linear_cross_entropy: the transposed weight must be [C, V] = [" +
                      std::to_string(weight.dim(1)) + ", " + std::to_string(weight.dim(0)) + "] of the weight's dtype, got " +
                      std::string(dtype_name(weight_t.dtype())) + " " + to_string(weight_t.shape()));
-  if (weight_t.defined() && (weight.requires_grad() || weight.impl()->node))
+  if (weight_t.defined() && on_tape(weight))
     throw AutodiffError("linear_cross_entropy: a transposed copy of the weight is for a frozen weight; this one "
                         "requires grad");
   if (chunk < 0) throw ShapeError("linear_cross_entropy: chunk must be >= 0 (0 = automatic), got " +
@@ -254,7 +254,6 @@ Tensor linear_cross_entropy(const Tensor& hidden, const Tensor& weight, const Te
                        "; " + shapes() + ")");
   if (chunk == 0) chunk = default_vocab_chunk(N, V);
   // Reverse mode will want d hidden but not d weight (a frozen head): compute it in the forward (see the top).
-  auto on_tape = [](const Tensor& t) { return t.requires_grad() || t.impl()->node; };
   const char* env = std::getenv("LMTUNE_LOSS_GRAD_IN_FORWARD");  // 0: recompute the logits in the vjp (A/B timing)
   bool grad_in_forward = grad_enabled() && !tape::saving_everything() && on_tape(hidden) && !on_tape(weight) &&
                          !(env && std::string(env) == "0");

@@ -90,7 +90,7 @@ Tensor lora_linear(const Tensor& x, const Tensor& weight, const Tensor& a, const
     throw ShapeError("lora_linear: the transposed weight must be " + std::string(dtype_name(weight.dtype())) + " [" +
                      std::to_string(weight.dim(1)) + ", " + std::to_string(weight.dim(0)) + "], got " +
                      std::string(dtype_name(weight_t.dtype())) + " " + to_string(weight_t.shape()));
-  if (weight_t.defined() && (weight.requires_grad() || weight.impl()->node))
+  if (weight_t.defined() && on_tape(weight))
     throw AutodiffError("lora_linear: a transposed copy of the weight is for a frozen weight; this one requires grad");
   Shape out = x.shape();
   out.back() = weight.dim(0);
