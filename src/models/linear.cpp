@@ -60,9 +60,8 @@ Tensor Linear::operator()(const Tensor& x) const {
     const LoraAdapter& a = adapters[0];
     const bool half = x.dtype() == DType::f16 || x.dtype() == DType::bf16;
     if (half && a.A.dtype() == DType::f32 && a.B.dtype() == DType::f32) {
-      if (!(g_dropout.active && a.dropout > 0)) return ops::lora_linear(x, weight, a.A, a.B, a.scale, Tensor(), weight_t);
-      return ops::lora_linear(x, weight, a.A, a.B, a.scale, ops::dropout(x, a.dropout, dropout_key(a.dropout_key)),
-                              weight_t);
+      Tensor x_in = g_dropout.active && a.dropout > 0 ? ops::dropout(x, a.dropout, dropout_key(a.dropout_key)) : Tensor();
+      return ops::lora_linear(x, weight, a.A, a.B, a.scale, x_in, weight_t);
     }
   }
   // matmul takes mixed operand dtypes (f32 accumulation) and writes x's dtype, so no weight copies are made.

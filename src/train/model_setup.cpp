@@ -6,11 +6,11 @@
 #include <cmath>
 #include <filesystem>
 
+#include "core/backend.h"
 #include "core/error.h"
+#include "core/ops.h"
 #include "io/hf_config.h"
 #include "io/peft_adapter.h"
-#include "core/backend.h"
-#include "core/ops.h"
 #include "models/adapters.h"
 #include "models/memory.h"
 #include "models/weights.h"
