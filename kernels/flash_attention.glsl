@@ -89,4 +89,16 @@ ivec2 query_range(uint j_first, uint j_last) {
   return ivec2(t0, max(t0, t1));
 }
 
+// The GPU starts workgroups in the order of their linear index (x fastest). Every kernel's grid is (blocks of rows
+// or keys, kv heads, batch [x splits]), and under a causal mask the blocks' work differs up to T / block times.
+// Read block-major, every (kv head, z) group's first block starts before any group's second: kernels number their
+// blocks so that the first has the most work, and the long ones no longer start in the last wave
+// (longest-processing-time-first; for the dK/dV pass of Llama-3.2-1B shapes the modelled makespan goes from 1.30x
+// to 1.03x of the ideal). Returns (block rank, y, z).
+uvec3 block_major_id() {
+  const uvec3 n = gl_NumWorkGroups, w = gl_WorkGroupID;
+  const uint groups = n.y * n.z, id = w.x + n.x * (w.y + n.y * w.z), g = id % groups;
+  return uvec3(id / groups, g % n.y, g / n.y);
+}
+
 #endif

@@ -46,7 +46,9 @@ shared int key_doc[BC];
 
 void main() {
   const uint tid = gl_LocalInvocationIndex;
-  const uint b = gl_WorkGroupID.z, kv = gl_WorkGroupID.y, j0 = gl_WorkGroupID.x * BC;
+  // Key blocks from the first (the most rows under a causal mask) on, block-major.
+  const uvec3 id = block_major_id();
+  const uint b = id.z, kv = id.y, j0 = id.x * BC;
   const uint G = p.H / p.KV;
   const uint sx = tid % SX, sy = tid / SX, ax = tid % AX, ay = tid / AX;
   const bool s_active = sy < SY;

@@ -42,8 +42,9 @@ shared float row_lse[BR], row_delta[BR];
 
 void main() {
   const uint tid = gl_LocalInvocationIndex, sg = gl_SubgroupID, lane = gl_SubgroupInvocationID;
-  const uint b = gl_WorkGroupID.z / p.splits, split = gl_WorkGroupID.z % p.splits;
-  const uint kv = gl_WorkGroupID.y, j0 = gl_WorkGroupID.x * BC;
+  // Key blocks from the first (the most rows under a causal mask) on, block-major.
+  const uvec3 id = block_major_id();
+  const uint b = id.z / p.splits, split = id.z % p.splits, kv = id.y, j0 = id.x * BC;
   const uint G = p.H / p.KV;
   const uint lr = lane % 16u, half_ = lane / 16u;
 

@@ -26,7 +26,8 @@ shared int key_doc[BC];
 void main() {
   const uint tid = gl_LocalInvocationIndex, sg = gl_SubgroupID, lane = gl_SubgroupInvocationID;
   // The last row blocks see the most keys under a causal mask: they start first.
-  const uint b = gl_WorkGroupID.z, kv = gl_WorkGroupID.y, r0 = (gl_NumWorkGroups.x - 1u - gl_WorkGroupID.x) * BR;
+  const uvec3 id = block_major_id();
+  const uint b = id.z, kv = id.y, r0 = (gl_NumWorkGroups.x - 1u - id.x) * BR;
   const uint G = p.H / p.KV, rows = p.T * G;
   const uint lr = lane % 16u, half_ = lane / 16u;
 

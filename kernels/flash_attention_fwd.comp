@@ -46,8 +46,9 @@ shared int key_doc[BC];
 
 void main() {
   const uint tid = gl_LocalInvocationIndex;
-  const uint b = gl_WorkGroupID.z / p.splits, split = gl_WorkGroupID.z % p.splits;
-  const uint kv = gl_WorkGroupID.y, r0 = gl_WorkGroupID.x * BR;
+  // Row blocks from the last (the most keys under a causal mask) on, block-major.
+  const uvec3 id = block_major_id();
+  const uint b = id.z / p.splits, split = id.z % p.splits, kv = id.y, r0 = (gl_NumWorkGroups.x - 1u - id.x) * BR;
   const uint G = p.H / p.KV, rows = p.T * G;
   const uint sx = tid % SX, sy = tid / SX, ax = tid % AX, ay = tid / AX;
   const bool s_active = sy < SY;

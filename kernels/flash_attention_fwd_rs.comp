@@ -28,7 +28,8 @@ shared int key_doc[BC];
 void main() {
   const uint tid = gl_LocalInvocationIndex, sg = gl_SubgroupID, lane = gl_SubgroupInvocationID;
   // The last row blocks see the most keys under a causal mask: they start first.
-  const uint b = gl_WorkGroupID.z, kv = gl_WorkGroupID.y, r0 = (gl_NumWorkGroups.x - 1u - gl_WorkGroupID.x) * BR;
+  const uvec3 id = block_major_id();
+  const uint b = id.z, kv = id.y, r0 = (gl_NumWorkGroups.x - 1u - id.x) * BR;
   const uint G = p.H / p.KV, rows = p.T * G;
 
   // Q rows into fragments (the A operand of S = Q K^T), 2 BC rows per pass through the K/V tile.
