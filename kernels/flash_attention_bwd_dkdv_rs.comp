@@ -12,7 +12,7 @@
 #include "flash_attention_cm.glsl"
 
 #ifndef RSUB
-#define RSUB 2  // H100, Qwen2.5-0.5B heads: dK/dV 10% faster than 1
+#define RSUB 2  // H100, Qwen2.5-0.5B heads: dK/dV 10% faster than 1 (the two blocks unrolled: +1.5% Qwen training)
 #endif
 #if RSUB > 2
 #error "flash_attention_bwd_dkdv_rs: the block votes have two slots (RSUB <= 2)"
@@ -120,7 +120,7 @@ void main() {
       vote(sg, own_r < row_end, own_doc);
     }
     barrier();
-    for (uint sb = 0; sb < RSUB; ++sb) {
+    [[unroll]] for (uint sb = 0; sb < RSUB; ++sb) {
       const uint r0 = t0 + sb * BR, qrow = sb * BR, orow = BT + sb * BR;
       const int rows_doc = vote_doc_s[sb];
       const bool rows_plain = vote_s[sb];
