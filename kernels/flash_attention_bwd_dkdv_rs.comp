@@ -17,6 +17,9 @@
 #if RSUB > 2
 #error "flash_attention_bwd_dkdv_rs: the block votes have two slots (RSUB <= 2)"
 #endif
+#if FLASH_WG < 128 * RSUB
+#error "flash_attention_bwd_dkdv_rs: K and V pass through the Q/dO tile, which needs BC >= 2 BR RSUB"
+#endif
 const uint BR = 32u;                      // rows per block
 const uint BT = BR * RSUB;                // rows per staged tile: RSUB blocks between two barriers
 const uint BC = NSG * 16u;                // keys per workgroup
@@ -51,7 +54,7 @@ void main() {
   const uint b = id.z / p.splits, split = id.z % p.splits, kv = id.y, j0 = id.x * BC;
   const uint G = p.H / p.KV;
 
-  // K, then V rows into A fragments, 2 BR rows per pass through the Q/dO tile.
+  // K, then V rows into A fragments, 2 BT rows per pass through the Q/dO tile.
   F16M ka[FD], va[FD];
   uvec4 wq[NCH], wo[NCH];
   for (uint pass = 0; pass < 2u * KPASS; ++pass) {
