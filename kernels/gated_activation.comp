@@ -46,6 +46,19 @@ uint dtype_of(uint t) { return (p.dtypes >> (4u * t)) & 15u; }
 void main() {
   uint stride = gl_NumWorkGroups.x * gl_WorkGroupSize.x;
   uint start = 0u;
+#ifdef WIDE
+  // gated_activation_wide (forward; a pipeline of its own): every tensor 16-bit at an offset that is a multiple of
+  // 8, 8 elements per step with 16-byte accesses. The backward kept 4 (8 ran 25% slower on the H100).
+  const uint n8 = p.n / 8u;
+  for (uint j = gl_GlobalInvocationID.x; j < n8; j += stride) {
+    const uint i = 8u * j;
+    vec4 x0, x1, u0, u1;
+    T0_ld8(dtype_of(0u), p.offsets[0] + i, x0, x1);
+    T1_ld8(dtype_of(1u), p.offsets[1] + i, u0, u1);
+    T2_st8(dtype_of(2u), p.offsets[2] + i, act4(x0) * u0, act4(x1) * u1);
+  }
+  start = 8u * n8;
+#else
   if (p.vec != 0u) {
     const uint n4 = p.n / 4u;
     for (uint j = gl_GlobalInvocationID.x; j < n4; j += stride) {
@@ -62,6 +75,7 @@ void main() {
     }
     start = 4u * n4;
   }
+#endif
   for (uint i = start + gl_GlobalInvocationID.x; i < p.n; i += stride) {
     float x = T0_ld(dtype_of(0u), p.offsets[0] + i);
     float u = T1_ld(dtype_of(1u), p.offsets[1] + i);

@@ -29,11 +29,14 @@ layout(push_constant) uniform MatmulParams {
   uint v_off, v_rs, v_cs;  // and strides as for A and B (dtypes: bits 12 and 16 of `dtypes`)
   uint R;                  // 0: no addend
   float alpha;
+  uint s_off;              // FLAG_ROW_SCALE: element offset of the f32 row scales (binding 5)
 } pc;
 
 #define FLAG_A_VEC 1u  // A's contiguous dim, offset, other strides are multiples of 8 elements (f32: of 4)
 #define FLAG_B_VEC 2u
 #define FLAG_C_VEC 4u  // C offset and N are multiples of 8 elements
+#define FLAG_C_ACC 8u  // fast kernel: C = C (* row scale) + A B, C read before it is written (no split-K)
+#define FLAG_ROW_SCALE 16u  // with FLAG_C_ACC: C's old row m is multiplied by scale[s_off + m] first
 
 #endif  // MATMUL_NO_PARAMS
 

@@ -10,7 +10,8 @@
 // A low-rank addend alpha U V (pc.R > 0: 16-bit U and V laid out as A and B, with vector access, R a multiple of
 // 8) runs as ceil(R / BK) more K tiles through the same staging, zero beyond R: a LoRA adapter's delta costs no
 // [M, N] pass of its own.
-// The epilogue writes f32 fragments straight to C; f16 / bf16 C goes through shared memory (reusing A's tile).
+// The epilogue writes f32 fragments straight to C; f16 / bf16 C goes through shared memory (reusing A's tile), as
+// does any C with FLAG_C_ACC (C = C * scale[m] + A B: the fused loss's running sum, core/ops/matmul.h).
 #extension GL_KHR_memory_scope_semantics : enable
 #extension GL_NV_cooperative_matrix : require
 #extension GL_EXT_shader_explicit_arithmetic_types_float16 : require
@@ -86,9 +87,11 @@ layout(local_size_x = NT) in;
 layout(set = 0, binding = 0) readonly buffer ABuf4 { uvec4 a128[]; };
 layout(set = 0, binding = 1) readonly buffer BBuf4 { uvec4 b128[]; };
 layout(set = 0, binding = 2) writeonly buffer CBuf { float c32[]; };
-layout(set = 0, binding = 2) writeonly buffer CBufH4 { uvec4 ch128[]; };
+layout(set = 0, binding = 2) buffer CBuf4 { vec4 c4[]; };
+layout(set = 0, binding = 2) buffer CBufH4 { uvec4 ch128[]; };
 layout(set = 0, binding = 3) readonly buffer UBuf4 { uvec4 u128[]; };
 layout(set = 0, binding = 4) readonly buffer VBuf4 { uvec4 v128[]; };
+layout(set = 0, binding = 5) readonly buffer SBuf { float rscale[]; };
 
 #if A16
 shared float16_t As[NSTAGE * ASZH];
@@ -316,10 +319,11 @@ void main() {
     barrier();
   }
 
+  const bool acc_c = (pc.flags & FLAG_C_ACC) != 0u;
   [[unroll]] for (uint i = 0; i < FM; ++i)
     [[unroll]] for (uint j = 0; j < FN; ++j) {
       uint row = m0 + wm * WM + i * 16, col = n0 + wn * WN + j * 16;
-      if (CDT == DT_F32) {
+      if (CDT == DT_F32 && !acc_c) {
         coopMatStoreNV(acc[i][j], c32, c_base + row * pc.N + col, pc.N, false);
         continue;
       }
@@ -339,8 +343,33 @@ void main() {
       lo = vec4(Cs[sg * 256u + s], Cs[sg * 256u + s + 1u], Cs[sg * 256u + s + 2u], Cs[sg * 256u + s + 3u]);
       hi = vec4(Cs[sg * 256u + s + 4u], Cs[sg * 256u + s + 5u], Cs[sg * 256u + s + 6u], Cs[sg * 256u + s + 7u]);
 #endif
+      uint e = c_base + r * pc.N + c;
+      if (acc_c) {  // the old row, scaled
+        float sc = (pc.flags & FLAG_ROW_SCALE) != 0u ? rscale[pc.s_off + r] : 1.0;
+        vec4 olo, ohi;
+        if (CDT == DT_F32) {
+          olo = c4[e >> 2];
+          ohi = c4[(e >> 2) + 1u];
+        } else {
+          uvec4 w = ch128[e >> 3];
+          if (CDT == DT_F16) {
+            olo = vec4(unpackHalf2x16(w.x), unpackHalf2x16(w.y));
+            ohi = vec4(unpackHalf2x16(w.z), unpackHalf2x16(w.w));
+          } else {
+            olo = uintBitsToFloat(uvec4(w.x << 16, w.x & 0xffff0000u, w.y << 16, w.y & 0xffff0000u));
+            ohi = uintBitsToFloat(uvec4(w.z << 16, w.z & 0xffff0000u, w.w << 16, w.w & 0xffff0000u));
+          }
+        }
+        lo += sc * olo;
+        hi += sc * ohi;
+      }
       uvec4 h;
-      if (CDT == DT_F16) {
+      if (CDT == DT_F32) {
+        c4[e >> 2] = lo;
+        c4[(e >> 2) + 1u] = hi;
+        subgroupBarrier();
+        continue;
+      } else if (CDT == DT_F16) {
         h = uvec4(packHalf2x16(lo.xy), packHalf2x16(lo.zw), packHalf2x16(hi.xy), packHalf2x16(hi.zw));
       } else {
         h = uvec4(float_to_bf16_bits(lo.x) | (float_to_bf16_bits(lo.y) << 16),
@@ -348,7 +377,7 @@ void main() {
                   float_to_bf16_bits(hi.x) | (float_to_bf16_bits(hi.y) << 16),
                   float_to_bf16_bits(hi.z) | (float_to_bf16_bits(hi.w) << 16));
       }
-      ch128[(c_base + r * pc.N + c) >> 3] = h;
+      ch128[e >> 3] = h;
       subgroupBarrier();
     }
 }

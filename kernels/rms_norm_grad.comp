@@ -1,8 +1,8 @@
 #version 450
 // Input gradient of RMSNorm (RmsNormGrad in core/ops/nn.h), one workgroup per dense row of length c, in f32:
 //   s = sum(g w x);  dx = rstd g w - x rstd^3 s / c      (= rstd (ĝ - x̂ mean(ĝ x̂)), ĝ = g w, x̂ = x rstd)
-// Reads x and g twice (the second time from cache), writes dx in its own dtype. vec: c and every offset are
-// multiples of 4 (4-element loads).
+// Reads x and g twice (the second time from cache), writes dx in its own dtype. vec 1: c and every offset are
+// multiples of 4 (4-element loads); vec 2: of 8, x and g 16-bit (8-element loads).
 #include "common.glsl"
 layout(local_size_x_id = 0) in;
 #include "rows.glsl"
@@ -31,14 +31,30 @@ void main() {
     const uint xo = p.x_off + row * p.c, go = p.g_off + row * p.c, oo = p.dx_off + row * p.c;
     const float rstd = LD_F32(RSTD, p.rstd_off + row);
     float s = 0.0;
-    if (p.vec != 0u) {
+    if (p.vec == 2u) {  // 16-bit x and g, c and every offset multiples of 8: 16-byte loads
+      for (uint k = 8u * tid; k < p.c; k += 8u * wg) {
+        vec4 g0, g1, w0, w1, x0, x1;
+        G_ld8(dg, go + k, g0, g1);
+        W_ld8(dw, p.w_off + k, w0, w1);
+        X_ld8(dx_t, xo + k, x0, x1);
+        s += dot(g0 * w0, x0) + dot(g1 * w1, x1);
+      }
+    } else if (p.vec != 0u) {
       for (uint k = 4u * tid; k < p.c; k += 4u * wg)
         s += dot(G_ld4(dg, go + k) * W_ld4(dw, p.w_off + k), X_ld4(dx_t, xo + k));
     } else {
       for (uint k = tid; k < p.c; k += wg) s += G_ld(dg, go + k) * W_ld(dw, p.w_off + k) * X_ld(dx_t, xo + k);
     }
     const float coef = rstd * rstd * rstd * wg_sum(s) / float(p.c);
-    if (p.vec != 0u) {
+    if (p.vec == 2u) {
+      for (uint k = 8u * tid; k < p.c; k += 8u * wg) {
+        vec4 g0, g1, w0, w1, x0, x1;
+        G_ld8(dg, go + k, g0, g1);
+        W_ld8(dw, p.w_off + k, w0, w1);
+        X_ld8(dx_t, xo + k, x0, x1);
+        DX_st8(dd, oo + k, rstd * g0 * w0 - coef * x0, rstd * g1 * w1 - coef * x1);
+      }
+    } else if (p.vec != 0u) {
       for (uint k = 4u * tid; k < p.c; k += 4u * wg)
         DX_st4(dd, oo + k, rstd * G_ld4(dg, go + k) * W_ld4(dw, p.w_off + k) - coef * X_ld4(dx_t, xo + k));
     } else {

@@ -90,6 +90,8 @@ Tensor matmul(const Tensor& a, const Tensor& b);
 Tensor matmul(const Tensor& a, const Tensor& b, DType out_dtype);
 // a [M, K] x b [K, N] + alpha * u [M, R] x v [R, N] in one pass over the output (a LoRA delta fused into the base
 // product); output in out_dtype.
+// c = c * row_scale[:, None] + a b, in place (see MatmulAccumulate in core/ops/matmul.h); row_scale may be undefined.
+void matmul_accumulate(const Tensor& c, const Tensor& a, const Tensor& b, const Tensor& row_scale);
 Tensor matmul_low_rank(const Tensor& a, const Tensor& b, const Tensor& u, const Tensor& v, float alpha,
                        DType out_dtype);
 // x [..., K] times weight [N, K] transposed (+ bias [N]): the layout of HF linear layers.

@@ -90,6 +90,26 @@ TEST(VulkanElementwise, BinaryOpsBroadcastAndStrides) {
     }
 }
 
+// Dense operands take the vector paths: 8 elements per item where every offset is a multiple of 8, 4 where of 4,
+// else one at a time; odd lengths leave a tail. Offsets 0, 8, 4 and 3 elements into the same buffers.
+TEST(VulkanElementwise, DenseVectorPaths) {
+  REQUIRE_VULKAN();
+  using F = Tensor (*)(const Tensor&, const Tensor&);
+  const std::pair<const char*, F> fns[] = {{"add", ops::add}, {"sub", ops::sub}, {"mul", ops::mul}, {"div", ops::div}};
+  for (DType dt : kFloats)
+    for (int64_t off : {0, 8, 4, 3})
+      for (auto& [name, fn] : fns) {
+        SCOPED_TRACE(std::string(name) + " " + std::string(dtype_name(dt)) + " offset " + std::to_string(off));
+        Pair a = randn({2000}, 1, dt), b = uniform({2000}, 2, dt, 0.5f, 2.0f);
+        auto part = [&](const Tensor& t) { return ops::slice(t, 0, off, off + 1037); };
+        EXPECT_CLOSE(fn(part(a.dev), part(b.dev)).to_floats(), fn(part(a.cpu), part(b.cpu)).to_floats(), dt);
+        auto w = [&](const Tensor& a_, const Tensor& b_) {
+          return ops::where(ops::greater_equal(part(a_), part(b_)), part(a_), part(b_));
+        };
+        EXPECT_CLOSE(w(a.dev, b.dev).to_floats(), w(a.cpu, b.cpu).to_floats(), dt);
+      }
+}
+
 TEST(VulkanElementwise, WhereWithIntAndFloatConditions) {
   REQUIRE_VULKAN();
   for (DType dt : kFloats) {

@@ -109,7 +109,9 @@ TEST(VulkanNN, RmsNormAndLayerNorm) {
   REQUIRE_VULKAN();
   const float eps = 1e-5f;
   for (DType dt : kFloats)
-    for (Shape s : {Shape{1, 1}, Shape{3, 7, 257}, Shape{5, 4099}}) {
+    // c a multiple of 8 (16-bit rows: 16-byte loads) and of 4, rows past what an invocation keeps in registers.
+    for (Shape s : {Shape{1, 1}, Shape{3, 7, 257}, Shape{5, 4099}, Shape{4, 64}, Shape{3, 520}, Shape{2, 8200},
+                    Shape{3, 8196}}) {
       SCOPED_TRACE(to_string(s) + " " + std::string(dtype_name(dt)));
       int64_t c = s.back(), rows = numel(s) / c;
       Input x = randn(s, 5, dt, 2.0f), w = randn({c}, 6, dt), b = randn({c}, 7, dt);

@@ -132,6 +132,40 @@ TEST_P(OpTest, MatmulLowRank) {
                lmtune::ShapeError);
 }
 
+// c = c * scale[m] + a b in place (the fused loss's running sum), against double arithmetic: odd sizes (composed)
+// and tile-sized 16-bit products (the fast coopmat kernel's epilogue where the device has it) into f32 and 16-bit
+// c, with and without the row scale, b in either layout.
+TEST_P(OpTest, MatmulAccumulate) {
+  struct Case {
+    int64_t M, K, N;
+    DType ab, c;
+  };
+  const std::vector<Case> cases{{37, 65, 19, DType::f32, DType::f32},   {256, 64, 256, DType::bf16, DType::f32},
+                                {128, 96, 256, DType::f16, DType::bf16}, {128, 32, 512, DType::bf16, DType::f16},
+                                {33, 40, 24, DType::bf16, DType::f32}};
+  for (const Case& c : cases)
+    for (Layout lb : {Layout::contiguous, Layout::transposed})
+      for (bool scaled : {false, true}) {
+        LMTUNE_CASE(c.M << "x" << c.K << "x" << c.N << " " << dtype_name(c.ab) << " into " << dtype_name(c.c) << " b "
+                        << layout_name(lb) << (scaled ? " scaled" : ""));
+        Tensor a = make_input({c.M, c.K}, c.ab, dev(), 92);
+        Tensor b = make_input({c.K, c.N}, c.ab, dev(), 93, lb);
+        Tensor acc = make_input({c.M, c.N}, c.c, dev(), 94);
+        Tensor scale = scaled ? make_input({c.M}, DType::f32, dev(), 95, Layout::contiguous, 0.1f, 1.0f) : Tensor();
+        ref::Array old = ref::of(acc), product = ref::matmul(ref::of(a), ref::of(b));
+        ref::Array want = product;
+        const std::vector<float> s = scaled ? scale.to_floats() : std::vector<float>(size_t(c.M), 1.0f);
+        for (int64_t m = 0; m < c.M; ++m)
+          for (int64_t n = 0; n < c.N; ++n) want.v[size_t(m * c.N + n)] += old.v[size_t(m * c.N + n)] * s[size_t(m)];
+        ops::matmul_accumulate(acc, a, b, scale);
+        EXPECT_EQ(acc.dtype(), c.c);
+        EXPECT_TRUE(close(acc, want, c.c == DType::f32 ? c.ab : c.c));
+      }
+  EXPECT_THROW(ops::matmul_accumulate(make_input({4, 5}, DType::f32, dev(), 96), make_input({4, 3}, DType::f32, dev(), 97),
+                                      make_input({3, 6}, DType::f32, dev(), 98), Tensor()),
+               lmtune::ShapeError);
+}
+
 // One LoRA adapter fused into its linear layer (ops::lora_linear), without and with LoRA dropout on the adapter's
 // input, against double arithmetic on the same operand values (factors and the rank-R intermediate rounded to
 // f16, as the op keeps them): output, all four gradients (the factors' in f32), forward mode against reverse mode.

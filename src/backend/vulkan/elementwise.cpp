@@ -79,10 +79,19 @@ void launch(Context& ctx, const std::string& kernel, const std::vector<Tensor>& 
   bool vec = contiguous && vector_paths();
   for (size_t t = 0; t < tensors.size() && vec; ++t) vec = p.offsets[t] % 4 == 0;
   if (vec) p.contiguous = 2;
+  // The *_wide builds (binary, where, copy): 8 elements per item where some tensor is 16-bit and every offset is a
+  // multiple of 8.
+  bool wide = vec && kernel != "unary", some16 = false;
+  for (size_t t = 0; t < tensors.size() && wide; ++t) {
+    wide = p.offsets[t] % 8 == 0;
+    some16 = some16 || dtype_size(tensors[t].dtype()) == 2;
+  }
+  wide = wide && some16;
   std::vector<Binding> b;
   for (size_t t = 0; t < tensors.size(); ++t)
     b.push_back(t + 1 == tensors.size() ? out(tensors[t]) : in(tensors[t]));
-  ctx.dispatch(variant(ctx, kernel), b, p, vec ? groups_1d(p.n, kGroup * 16) : groups_1d(p.n, kGroup), {kGroup});
+  ctx.dispatch(variant(ctx, wide ? kernel + "_wide" : kernel), b, p,
+               vec ? groups_1d(p.n, kGroup * 16) : groups_1d(p.n, kGroup), {kGroup});
 }
 
 }  // namespace
@@ -148,9 +157,15 @@ void run_gated_activation(const std::string& kernel, UnaryOp act, const std::vec
   }
   p.op = uint32_t(act);
   p.vec = vk::vector_paths();
-  for (size_t t = 0; t < tensors.size(); ++t) p.vec = p.vec && p.offsets[t] % 4 == 0;
+  bool wide = p.vec && kernel == "gated_activation";  // gated_activation_wide: every tensor 16-bit, 8-aligned
+  for (size_t t = 0; t < tensors.size(); ++t) {
+    p.vec = p.vec && p.offsets[t] % 4 == 0;
+    wide = wide && p.offsets[t] % 8 == 0 && dtype_size(tensors[t].dtype()) == 2;
+  }
+  const uint32_t per_thread = wide ? 8 : p.vec ? 4 : 1;
   vk::Context& ctx = vk::context_for(outputs[0].device());
-  ctx.dispatch(vk::variant(ctx, kernel), b, p, vk::groups_1d(p.vec ? std::max<uint32_t>(p.n / 4, 1) : p.n, 256), {256});
+  ctx.dispatch(vk::variant(ctx, wide ? kernel + "_wide" : kernel), b, p,
+               vk::groups_1d(std::max<uint32_t>(p.n / per_thread, 1), 256), {256});
 }
 
 }  // namespace

@@ -34,9 +34,10 @@ struct MatmulParams {
   uint32_t v_off, v_rs, v_cs;
   uint32_t R;
   float alpha;
+  uint32_t s_off;
 };
-static_assert(sizeof(MatmulParams) == 27 * 4);
-constexpr uint32_t kFlagAVec = 1, kFlagBVec = 2, kFlagCVec = 4;
+static_assert(sizeof(MatmulParams) == 28 * 4);
+constexpr uint32_t kFlagAVec = 1, kFlagBVec = 2, kFlagCVec = 4, kFlagCAcc = 8, kFlagRowScale = 16;
 
 struct SplitKParams {
   uint32_t count, nsplit, out_off, out_dtype, groups_x;
@@ -266,7 +267,7 @@ bool coopmat_available(int index) {
 
 namespace vk {
 
-bool record_matmul(const Tensor& a, const Tensor& b, Tensor& c, const LowRankTerm* lr) {
+bool record_matmul(const Tensor& a, const Tensor& b, Tensor& c, const LowRankTerm* lr, const Accumulate* acc) {
   Context& ctx = context_for(c.device());
   const Features& feat = ctx.features();
   const MatmulOptions& opt = matmul_options();
@@ -274,7 +275,7 @@ bool record_matmul(const Tensor& a, const Tensor& b, Tensor& c, const LowRankTer
   const uint64_t M = uint64_t(c.dim(-2)), N = uint64_t(c.dim(-1)), K = uint64_t(a.dim(-1));
   if (M == 0 || N == 0) return true;
   if (K == 0) {
-    if (lr) return false;
+    if (lr || acc) return false;
     ctx.fill_buffer({c.buffer(), true}, 0);
     return true;
   }
@@ -316,6 +317,8 @@ bool record_matmul(const Tensor& a, const Tensor& b, Tensor& c, const LowRankTer
                                   "f16 tensor-core kernel)");
   }
 
+  if (acc && !use_cm) return false;  // only the fast coopmat kernel accumulates
+
   // At most two batch dims go to the kernel; outer ones (rare) become separate dispatches, as do chunks of
   // the outer kernel dim when the grid's z would pass 65535. Split-K needs everything in one dispatch.
   BatchDim d0{1, 0, 0}, d1{1, 0, 0};
@@ -325,8 +328,9 @@ bool record_matmul(const Tensor& a, const Tensor& b, Tensor& c, const LowRankTer
   if (batch.size() > 2) outer.assign(batch.begin(), batch.end() - 2);
   uint64_t n_outer = 1;
   for (const auto& d : outer) n_outer *= uint64_t(d.size);
-  bool allow_split = n_outer == 1 && nbatch * 16 <= kMaxGroupsZ && !lr;
-  if (lr && nbatch != 1) return false;
+  bool allow_split = n_outer == 1 && nbatch * 16 <= kMaxGroupsZ && !lr && !acc;
+  if ((lr || acc) && nbatch != 1) return false;
+  if (lr && acc) return false;
   // The low-rank addend in the fast kernel (more K tiles through its staging): 16-bit U and V laid out as A and B
   // with vector access, R a multiple of 8.
   bool lr_fast = false;
@@ -392,6 +396,9 @@ bool record_matmul(const Tensor& a, const Tensor& b, Tensor& c, const LowRankTer
   std::vector<Binding> bindings5 = bindings;
   bindings5.push_back({lr ? lr->u->buffer() : a.buffer(), false});
   bindings5.push_back({lr ? lr->v->buffer() : b.buffer(), false});
+  // The fast kernel reads FLAG_ROW_SCALE's scales at binding 5 (C again without them).
+  std::vector<Binding> bindings6 = bindings5;
+  bindings6.push_back({acc && acc->row_scale ? acc->row_scale->buffer() : dst.buffer(), false});
 
   bool used_fast = false;
   for (uint64_t o = 0; o < n_outer; ++o) {
@@ -416,6 +423,10 @@ bool record_matmul(const Tensor& a, const Tensor& b, Tensor& c, const LowRankTer
       if (vector_staging(a.dtype(), ta, a_rs, a_cs, q.a_off, d0.sa, d1.sa)) q.flags |= kFlagAVec;
       if (vector_staging(b.dtype(), tb, b_rs, b_cs, q.b_off, d0.sb, d1.sb)) q.flags |= kFlagBVec;
       if (aligned(q.c_off, 8) && aligned(int64_t(N), 8)) q.flags |= kFlagCVec;
+      if (acc) {
+        q.flags |= kFlagCAcc | (acc->row_scale ? kFlagRowScale : 0u);
+        q.s_off = acc->row_scale ? uint32_t(acc->row_scale->offset()) : 0u;
+      }
       Groups groups{gx, gy, uint32_t(n0 * d1.size * nsplit)};
       // Split-K (one dispatch only): partials [nsplit][batch][M][N] from c_off.
       if (use_cm) {
@@ -427,9 +438,10 @@ bool record_matmul(const Tensor& a, const Tensor& b, Tensor& c, const LowRankTer
                     (q.flags & kFlagBVec) && (q.flags & kFlagCVec);
         std::vector<uint32_t> spec{dtype_code(a.dtype()), dtype_code(b.dtype()), dtype_code(dst.dtype())};
         if (lr && !(fast && fast_kernel_enabled() && lr_fast)) return false;  // nothing recorded yet
+        if (acc && !(fast && fast_kernel_enabled())) return false;
         if (fast && fast_kernel_enabled()) {
           ctx.dispatch(std::string("matmul_cmf_") + plan.tile + (kstep == 16 ? "16" : "") + kernel.substr(11),
-                       bindings5, q, groups, spec);
+                       bindings6, q, groups, spec);
           used_fast = true;
         } else {
           if (plan.tile == 'w' || plan.tile == 'n' || plan.tile == 'q')
@@ -463,6 +475,13 @@ bool record_matmul(const Tensor& a, const Tensor& b, Tensor& c, const LowRankTer
 
 void Matmul::eval_vulkan(const std::vector<Tensor>& in, std::vector<Tensor>& out) {
   vk::record_matmul(in[0], in[1], out[0], nullptr);
+}
+
+// In the fast kernel's epilogue where it takes the product, else composed: c ⊙ scale + a b.
+void MatmulAccumulate::eval_vulkan(const std::vector<Tensor>& in, std::vector<Tensor>& out) {
+  const vk::Accumulate acc{in.size() > 2 ? &in[2] : nullptr};
+  if (vk::record_matmul(in[0], in[1], out[0], nullptr, &acc)) return;
+  compose(in, out);
 }
 
 // The addend in the kernel where it can go (scalar kernel; fast coopmat kernel, see record_matmul), else three

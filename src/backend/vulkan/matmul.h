@@ -47,7 +47,13 @@ struct LowRankTerm {
   const Tensor* v;
   float alpha;
 };
-bool record_matmul(const Tensor& a, const Tensor& b, Tensor& c, const LowRankTerm* lr);
+// With `acc`: C = C * row_scale[m] (none: 1) + A B, in the fast coopmat kernel's epilogue only (unbatched, no
+// split-K, no addend); false, recording nothing, where the product takes another kernel.
+struct Accumulate {
+  const Tensor* row_scale;  // f32 [M], contiguous; or null
+};
+bool record_matmul(const Tensor& a, const Tensor& b, Tensor& c, const LowRankTerm* lr,
+                   const Accumulate* acc = nullptr);
 
 // Whether device `index` can run the cooperative-matrix kernel (ignores the options above).
 bool coopmat_available(int index);

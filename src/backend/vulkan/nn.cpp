@@ -43,6 +43,8 @@ void rms_norm_rows(const Tensor& x_in, const Tensor& w_in, const Tensor& y, cons
   NormPush p{u32(c, "row length"), u32(x.numel() / c, "rows"), elem_offset(x), elem_offset(w), 0, elem_offset(y),
              0, elem_offset(rstd), uint32_t(x.dtype()) | uint32_t(w.dtype()) << 4 | uint32_t(y.dtype()) << 12, eps, 0};
   p.vec = vector_paths() && p.c % 4 == 0 && p.x_off % 4 == 0 && p.w_off % 4 == 0 && p.y_off % 4 == 0;
+  if (p.vec && p.c % 8 == 0 && p.x_off % 8 == 0 && p.w_off % 8 == 0 && p.y_off % 8 == 0 && dtype_size(x.dtype()) == 2)
+    p.vec = 2;  // 16-byte loads
   ctx.dispatch(variant(ctx, "rms_norm"), {in(x), in(w), out(y), out(rstd)}, p,
                {std::min<uint32_t>(p.rows, 65535), 1, 1}, {row_group_size(c)});
 }
@@ -59,6 +61,9 @@ void rms_norm_grad_rows(const Tensor& x_in, const Tensor& w_in, const Tensor& rs
                 uint32_t(x.dtype()) | uint32_t(w.dtype()) << 4 | uint32_t(g.dtype()) << 8 | uint32_t(dx.dtype()) << 12, 0};
   p.vec = vector_paths() && p.c % 4 == 0 && p.x_off % 4 == 0 && p.w_off % 4 == 0 && p.g_off % 4 == 0 &&
           p.dx_off % 4 == 0;
+  if (p.vec && p.c % 8 == 0 && p.x_off % 8 == 0 && p.w_off % 8 == 0 && p.g_off % 8 == 0 && p.dx_off % 8 == 0 &&
+      dtype_size(x.dtype()) == 2 && dtype_size(g.dtype()) == 2)
+    p.vec = 2;  // 16-byte loads
   ctx.dispatch(variant(ctx, "rms_norm_grad"), {in(x), in(w), in(rstd), in(g), out(dx)}, p,
                {std::min<uint32_t>(p.rows, 65535), 1, 1}, {row_group_size(c)});
 }

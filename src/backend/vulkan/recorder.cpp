@@ -26,6 +26,12 @@ std::atomic<bool> g_profiling{[] {
   return e && *e && std::string(e) != "0";
 }()};
 
+// LMTUNE_PROFILE=grid: times per kernel name and grid size (which shapes a kernel's time goes to).
+const bool g_profile_grid = [] {
+  const char* e = std::getenv("LMTUNE_PROFILE");
+  return e && std::string(e) == "grid";
+}();
+
 constexpr VkPipelineStageFlags kStages = VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT | VK_PIPELINE_STAGE_TRANSFER_BIT;
 
 }  // namespace
@@ -246,7 +252,9 @@ void Recorder::dispatch(const Pipeline& p, const std::vector<Binding>& bindings,
     vkCmdWriteTimestamp(s.cb, VK_PIPELINE_STAGE_TOP_OF_PIPE_BIT, s.queries, q);
     vkCmdDispatch(s.cb, groups[0], groups[1], groups[2]);
     vkCmdWriteTimestamp(s.cb, VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT, s.queries, q + 1);
-    s.profiled.push_back(kernel);
+    s.profiled.push_back(!g_profile_grid ? kernel
+                                         : kernel + " " + std::to_string(groups[0]) + "x" + std::to_string(groups[1]) +
+                                               "x" + std::to_string(groups[2]));
   } else {
     vkCmdDispatch(s.cb, groups[0], groups[1], groups[2]);
   }

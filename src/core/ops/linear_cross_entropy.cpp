@@ -136,8 +136,9 @@ void LinearCrossEntropy::forward(const std::vector<Tensor>& in, std::vector<Tens
     std::vector<Tensor> pl = apply(std::make_shared<SoftmaxChunk>(softcap, prev.defined()), args,
                                    {{z.shape(), h.dtype()}, {{N}, DType::f32}});
     lse = pl[1];
-    Tensor part = matmul(pl[0], rows_of(weight, s, e), DType::f32);
-    unit = prev.defined() ? add(mul(unit, col(exp(sub(prev, lse)))), part) : part;
+    // U = U exp(lse_old - lse_new) + softmax W[s:e], the rescaling inside the product's epilogue where it can be.
+    if (!prev.defined()) unit = matmul(pl[0], rows_of(weight, s, e), DType::f32);
+    else matmul_accumulate(unit, pl[0], rows_of(weight, s, e), exp(sub(prev, lse)));
   });
   if (!hidden_grad_in_forward)
     lse = chunk_lse.size() == 1 ? reshape(chunk_lse[0], {N}) : logsumexp(concat(chunk_lse, 1), -1);

@@ -4,6 +4,7 @@
 #include "core/autodiff.h"
 #include "core/error.h"
 #include "core/ops.h"
+#include "core/ops/view.h"
 
 namespace lmtune {
 namespace {
@@ -89,7 +90,36 @@ std::vector<Tensor> MatmulLowRank::jvp(const Node& node, const std::vector<Tenso
   return {r};
 }
 
+void MatmulAccumulate::compose(const std::vector<Tensor>& in, std::vector<Tensor>& out) {
+  using namespace ops;
+  Tensor c = cast_to(out[0], DType::f32);
+  if (in.size() > 2) c = mul(c, reshape(in[2], {in[2].dim(0), 1}));
+  copy_into(out[0], add(c, matmul(in[0], in[1], DType::f32)));
+}
+
 namespace ops {
+
+void matmul_accumulate(const Tensor& c, const Tensor& a, const Tensor& b, const Tensor& row_scale) {
+  auto shapes = [&] {
+    return to_string(c.shape()) + " += " + to_string(a.shape()) + " x " + to_string(b.shape()) +
+           (row_scale.defined() ? " (row scale " + to_string(row_scale.shape()) + ")" : "");
+  };
+  if (c.ndim() != 2 || a.ndim() != 2 || b.ndim() != 2 || a.dim(0) != c.dim(0) || b.dim(1) != c.dim(1) ||
+      a.dim(1) != b.dim(0))
+    throw ShapeError("matmul_accumulate: shapes do not fit c [M, N] += a [M, K] x b [K, N]: " + shapes());
+  if (!is_float(a.dtype()) || !is_float(b.dtype()) || !is_float(c.dtype()) || !c.is_contiguous())
+    throw ShapeError("matmul_accumulate: expected float operands and a contiguous c: " + shapes());
+  if (row_scale.defined() && (row_scale.dtype() != DType::f32 || row_scale.ndim() != 1 ||
+                              row_scale.dim(0) != c.dim(0) || !row_scale.is_contiguous()))
+    throw ShapeError("matmul_accumulate: the row scale must be a contiguous f32 [M]: " + shapes());
+  auto gemm_ready = [](const Tensor& t) { return gemm_layout(t) ? t : contiguous(t); };
+  std::vector<Tensor> in{gemm_ready(a), gemm_ready(b)};
+  if (row_scale.defined()) in.push_back(row_scale);
+  std::vector<Tensor> out{c};
+  MatmulAccumulate op;
+  NoGrad no_grad;
+  eval_on(c.device(), op, in, out);
+}
 
 Tensor matmul(const Tensor& a, const Tensor& b) { return matmul(a, b, a.dtype()); }
 

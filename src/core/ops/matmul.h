@@ -38,4 +38,16 @@ class MatmulLowRank final : public Primitive {
   const float alpha;
 };
 
+// c [M, N] = c * scale[:, None] + a [M, K] x b [K, N], in place (scale f32 [M], optional: none multiplies by 1;
+// a and b as Matmul takes them, f32 accumulation): a running sum of products, as the fused loss keeps its hidden
+// gradient. No gradient (it runs inside other primitives' forward passes). Vulkan: the fast coopmat kernel's
+// epilogue reads C where it takes the product (no [M, N] passes of their own), else composed, as on the CPU.
+class MatmulAccumulate final : public Primitive {
+ public:
+  const char* name() const override { return "matmul_accumulate"; }
+  void eval_cpu(const std::vector<Tensor>& in, std::vector<Tensor>& out) override { compose(in, out); }
+  void eval_vulkan(const std::vector<Tensor>& in, std::vector<Tensor>& out) override;
+  static void compose(const std::vector<Tensor>& in, std::vector<Tensor>& out);
+};
+
 }  // namespace lmtune
