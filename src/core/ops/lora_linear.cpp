@@ -4,6 +4,7 @@
 #include "core/autodiff.h"
 #include "core/error.h"
 #include "core/ops.h"
+#include "core/ops/elementwise.h"
 #include "core/ops/matmul.h"
 
 namespace lmtune {
@@ -17,16 +18,18 @@ Tensor rows(const Tensor& x) { return ops::reshape(x, {-1, x.dim(-1)}); }
 void LoraLinear::forward(const std::vector<Tensor>& in, std::vector<Tensor>& out) {
   const Tensor &x = in[0], &w = in[1];
   a16 = ops::cast(in[2], DType::f16);
-  b16 = ops::cast(in[3], DType::f16);
+  // s B in f16, in one dispatch and in the layout the addend takes (beside weight_t's [K, N]: [R, N] rows): the
+  // addend needs no scale of its own and the backward's g (s B) no scaling pass.
+  const Tensor b = weight_t.defined() ? ops::transpose(in[3]) : in[3];
+  std::vector<Tensor> bs{Tensor::empty(b.shape(), DType::f16, x.device())};
+  Unary scaled(UnaryOp::scale, scale);
+  eval_on(x.device(), scaled, {b}, bs);
+  b16 = weight_t.defined() ? ops::transpose(bs[0]) : bs[0];
   const Tensor x2 = rows(x);
   down = ops::matmul(in.size() > 4 ? rows(in[4]) : x2, ops::transpose(a16), DType::f16);
   std::vector<Tensor> y{ops::reshape(out[0], {-1, w.dim(0)})};
-  MatmulLowRank product(scale);
-  // The addend's up factor takes the base weight's layout ([R, N] rows beside weight_t's [K, N]).
-  if (weight_t.defined())
-    eval_on(x.device(), product, {x2, weight_t, down, ops::contiguous(ops::transpose(b16))}, y);
-  else
-    eval_on(x.device(), product, {x2, ops::transpose(w), down, ops::transpose(b16)}, y);
+  MatmulLowRank product(1.0f);
+  eval_on(x.device(), product, {x2, weight_t.defined() ? weight_t : ops::transpose(w), down, ops::transpose(b16)}, y);
 }
 
 // g [M, N]: with gb = s g B [M, R], dx = g W + gb A (one product with a low-rank addend), dA = gbᵀ x and
@@ -37,8 +40,7 @@ std::vector<Tensor> LoraLinear::vjp(const Node& node, const std::vector<Tensor>&
   if (!cot[0].defined()) return std::vector<Tensor>(node.inputs.size());
   const Tensor &x = node.inputs[0], &w = node.inputs[1], &x_in = dropout ? node.inputs[4] : x;
   const Tensor g = rows(cot[0]), x2 = rows(x_in);
-  Tensor gb = matmul(g, b16, DType::f16);
-  if (scale != 1.0f) gb = ops::scale(gb, scale);
+  const Tensor gb = matmul(g, b16, DType::f16);  // s g B: b16 holds s B
   std::vector<Tensor> r(node.inputs.size());
   if (wanted[0] && !dropout) r[0] = reshape(matmul_low_rank(g, w, gb, a16, 1.0f, x.dtype()), x.shape());
   if (wanted[0] && dropout) r[0] = reshape(matmul(g, w, x.dtype()), x.shape());

@@ -31,7 +31,7 @@ class LoraLinear final : public Primitive {
 
  private:
   void forward(const std::vector<Tensor>& in, std::vector<Tensor>& out);
-  // Kept from the forward pass for the vjp: the factors in f16 and x Aᵀ [tokens, R] in f16.
+  // Kept from the forward pass for the vjp: A and s B in f16, and x Aᵀ [tokens, R] in f16.
   Tensor a16, b16, down;
 };
 
