@@ -17,8 +17,6 @@ TENSOR(7, B7)
 TENSOR(8, H)    // f32 hyper-parameters (core/ops/optimizer.h)
 TENSOR(9, TAB)  // u32 [entries][8]
 
-#define UNROLL 8u
-
 layout(push_constant) uniform Push {
   uint first, count;
 } p;
@@ -59,30 +57,16 @@ void main() {
     const uint go = TAB_w[at + 4u], n = TAB_w[at + 5u];
     const uint ps = slots & 15u, ms = (slots >> 4) & 15u, vs = (slots >> 8) & 15u, gsl = (slots >> 12) & 15u;
     const uint gdt = slots >> 16;
-    // UNROLL elements per invocation, all loaded before any is stored (the stores may alias the loads' buffers,
-    // so the compiler would not hoist the next element's loads over them: one memory round trip per element).
-    for (uint base = 0u; base < n; base += UNROLL * wg) {
-      float g[UNROLL], w[UNROLL], m[UNROLL], v[UNROLL];
-      [[unroll]] for (uint u = 0u; u < UNROLL; ++u) {
-        uint i = base + u * wg + tid;
-        if (i >= n) continue;
-        g[u] = load(gsl, gdt, go + i);
-        w[u] = load(ps, DT_F32, po + i);
-        m[u] = load(ms, DT_F32, mo + i);
-        v[u] = load(vs, DT_F32, vo + i);
-      }
-      [[unroll]] for (uint u = 0u; u < UNROLL; ++u) {
-        uint i = base + u * wg + tid;
-        if (i >= n) continue;
-        float gi = g[u] * gs, wi = w[u];
-        wi -= lr * wd * wi;
-        float mi = b1 * m[u] + (1.0 - b1) * gi;
-        float vi = b2 * v[u] + (1.0 - b2) * gi * gi;
-        store(ms, mo + i, mi);
-        store(vs, vo + i, vi);
-        wi -= (lr / bc1) * mi / (sqrt(vi) / sqrt(bc2) + eps);
-        store(ps, po + i, wi);
-      }
+    for (uint i = tid; i < n; i += wg) {
+      float g = load(gsl, gdt, go + i) * gs;
+      float w = load(ps, DT_F32, po + i);
+      w -= lr * wd * w;
+      float m = b1 * load(ms, DT_F32, mo + i) + (1.0 - b1) * g;
+      float v = b2 * load(vs, DT_F32, vo + i) + (1.0 - b2) * g * g;
+      store(ms, mo + i, m);
+      store(vs, vo + i, v);
+      w -= (lr / bc1) * m / (sqrt(v) / sqrt(bc2) + eps);
+      store(ps, po + i, w);
     }
   }
 }

@@ -85,7 +85,7 @@ void AdamWUpdate::eval_vulkan(const std::vector<Tensor>& in, std::vector<Tensor>
 // Parameters grouped by the device buffers their p, m, v and g live in, up to max_buffers per dispatch; a table of
 // (slots, offsets of p, m, v and g, count) per chunk of 8192 elements goes up once (kernels/adamw_many.comp).
 void AdamWUpdateMany::eval_vulkan(const std::vector<Tensor>& in, std::vector<Tensor>&) {
-  constexpr uint32_t kChunk = 2048;  // 8 elements per invocation: a 53 us dispatch at 8192 (each one a round trip)
+  constexpr uint32_t kChunk = 8192;
   const Tensor& hyper = in.back();
   vk::Context& ctx = vk::context_for(hyper.device());
   struct Group {
@@ -94,13 +94,7 @@ void AdamWUpdateMany::eval_vulkan(const std::vector<Tensor>& in, std::vector<Ten
   };
   std::vector<Group> groups(1);
   std::vector<int32_t> table;
-  // Parameters ordered by their gradient's buffer (gradients land in whatever blocks the backward pass found;
-  // parameters and moments sit in a few), so that a group fills with gradients of few buffers.
-  std::vector<size_t> order;
-  for (size_t i = 0; i + 4 < in.size(); i += 4) order.push_back(i);
-  std::stable_sort(order.begin(), order.end(),
-                   [&](size_t x, size_t y) { return in[x + 3].buffer().get() < in[y + 3].buffer().get(); });
-  for (size_t i : order) {
+  for (size_t i = 0; i + 4 < in.size(); i += 4) {
     const uint32_t n = vk::u32(in[i].numel(), "parameter size");
     if (n == 0) continue;
     auto missing = [&](const Group& g) {

@@ -29,9 +29,9 @@ class AdamWUpdate final : public Primitive {
 };
 
 // AdamWUpdate over many parameters: inputs (param, m, v, grad) for each, then hyper. On Vulkan one dispatch
-// covers the tensors of up to `max_buffers` device buffers (8; fewer in tests), each cut into chunks of 2048
-// elements, one workgroup per chunk (kernels/adamw_many.comp): a LoRA step's 224 adapter tensors in a few
-// dispatches (as many as their gradients' allocation blocks need) instead of 224.
+// covers the tensors of up to `max_buffers` device buffers (8; fewer in tests), each cut into chunks of 8192
+// elements, one workgroup per chunk (kernels/adamw_many.comp): a LoRA step's 224 adapter tensors in one or two
+// dispatches instead of 224.
 class AdamWUpdateMany final : public Primitive {
  public:
   explicit AdamWUpdateMany(int max_buffers = 8) : max_buffers(max_buffers) {}
