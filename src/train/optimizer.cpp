@@ -56,27 +56,16 @@ void Optimizer::step(double lr, double grad_multiplier) {
   h[kBiasCorrection1] = float(1.0 - std::pow(b1, double(updates_)));
   h[kBiasCorrection2] = float(1.0 - std::pow(b2, double(updates_)));
   h[kGradScale] = float(grad_multiplier);
-  // AdamW: every parameter of a device in a few dispatches (ops::adamw_update_many); SGD one at a time.
-  std::vector<Device> devices;
-  for (const NamedParam& p : params_)
-    if (std::find(devices.begin(), devices.end(), p.tensor.device()) == devices.end()) devices.push_back(p.tensor.device());
-  for (const Device& d : devices) {
-    const Tensor hyper = Tensor::from_floats(h, {kOptimHyperSize}, DType::f32, d);  // one upload per device
-    std::vector<Tensor> ps, ms, vs, gs;
-    for (size_t i = 0; i < params_.size(); ++i) {
-      const Tensor& p = params_[i].tensor;
-      Tensor g = p.grad();
-      if (!g.defined() || p.device() != d) continue;
-      if (!adamw) {
-        ops::sgd_update(p, m_[i], g, hyper);
-        continue;
-      }
-      ps.push_back(p);
-      ms.push_back(m_[i]);
-      vs.push_back(v_[i]);
-      gs.push_back(g);
-    }
-    if (!ps.empty()) ops::adamw_update_many(ps, ms, vs, gs, hyper);
+  Tensor hyper;  // one upload per device per step
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const Tensor& p = params_[i].tensor;
+    Tensor g = p.grad();
+    if (!g.defined()) continue;
+    if (!hyper.defined() || hyper.device() != p.device()) hyper = Tensor::from_floats(h, {kOptimHyperSize}, DType::f32, p.device());
+    if (adamw)
+      ops::adamw_update(p, m_[i], v_[i], g, hyper);
+    else
+      ops::sgd_update(p, m_[i], g, hyper);
   }
 }
 

@@ -6,7 +6,6 @@
 
 #include "backend/vulkan/vulkan_backend.h"
 #include "core/autodiff.h"
-#include "core/error.h"
 #include "core/ops.h"
 #include "core/ops/optimizer.h"
 #include "core/random.h"
@@ -129,38 +128,6 @@ TEST(OptimizerKernels, VulkanMatchesCpu) {
   double e = 0;
   for (size_t i = 0; i < n; ++i) e = std::max(e, double(std::fabs(results[0][i] - results[1][i])));
   EXPECT_LT(e, 1e-6);
-}
-
-// Many parameters in a few dispatches (ops::adamw_update_many) against one adamw_update each: odd sizes, one
-// longer than an 8192-element chunk, f32 and bf16 gradients, gradient views at an offset.
-TEST(OptimizerKernels, AdamWManyMatchesOneByOne) {
-  for (const std::string& dev : devices()) {
-    Device d = parse_device(dev);
-    const std::vector<int64_t> sizes = {37, 9000, 1, 512, 3001, 20000};
-    for (int max_buffers : {8, 4}) {
-      SCOPED_TRACE(dev + " max_buffers " + std::to_string(max_buffers));
-      std::vector<Tensor> ps, ms, vs, gs, ps1, ms1, vs1;
-      for (size_t i = 0; i < sizes.size(); ++i) {
-        const size_t n = size_t(sizes[i]);
-        std::vector<float> p0 = random_vec(n, 30 + i, 1.0), g = random_vec(n + 3, 40 + i, 0.2);
-        for (auto* list : {&ps, &ps1}) list->push_back(Tensor::from_floats(p0, {sizes[i]}, DType::f32, d));
-        for (auto* list : {&ms, &vs, &ms1, &vs1}) list->push_back(Tensor::zeros({sizes[i]}, DType::f32, d));
-        Tensor gt = Tensor::from_floats(g, {sizes[i] + 3}, i % 2 ? DType::bf16 : DType::f32, d);
-        gs.push_back(ops::slice(gt, 0, 3, sizes[i] + 3));
-      }
-      for (int t = 1; t <= 2; ++t) {
-        Tensor h = hyper(1e-2, 0.9, 0.95, 1e-8, 0.1, t, 0.5, d);
-        ops::adamw_update_many(ps, ms, vs, gs, h, max_buffers);
-        for (size_t i = 0; i < sizes.size(); ++i) ops::adamw_update(ps1[i], ms1[i], vs1[i], gs[i], h);
-      }
-      for (size_t i = 0; i < sizes.size(); ++i) {
-        EXPECT_EQ(ps[i].to_floats(), ps1[i].to_floats()) << "parameter " << i;
-        EXPECT_EQ(vs[i].to_floats(), vs1[i].to_floats()) << "v " << i;
-      }
-    }
-    EXPECT_THROW(ops::adamw_update_many({Tensor::zeros({3}, DType::f32, d)}, {}, {}, {}, hyper(1, 0, 0, 0, 0, 1, 1, d)),
-                 ShapeError);
-  }
 }
 
 TEST(Optimizer, GradNormAndStateRoundTrip) {

@@ -44,11 +44,6 @@ void AdamWUpdate::eval_cpu(const std::vector<Tensor>& in, std::vector<Tensor>&) 
   });
 }
 
-void AdamWUpdateMany::eval_cpu(const std::vector<Tensor>& in, std::vector<Tensor>& out) {
-  AdamWUpdate one;
-  for (size_t i = 0; i + 4 < in.size(); i += 4) one.eval_cpu({in[i], in[i + 1], in[i + 2], in[i + 3], in.back()}, out);
-}
-
 void SgdUpdate::eval_cpu(const std::vector<Tensor>& in, std::vector<Tensor>&) {
   float* p = cpu::data<float>(in[0]);
   float* buf = in[1].defined() ? cpu::data<float>(in[1]) : nullptr;

@@ -82,61 +82,6 @@ void AdamWUpdate::eval_vulkan(const std::vector<Tensor>& in, std::vector<Tensor>
   run("adamw_update", in[0], in[1], in[2], in[3], in[4], false);
 }
 
-// Parameters grouped by the device buffers their p, m, v and g live in, up to max_buffers per dispatch; a table of
-// (slots, offsets of p, m, v and g, count) per chunk of 8192 elements goes up once (kernels/adamw_many.comp).
-void AdamWUpdateMany::eval_vulkan(const std::vector<Tensor>& in, std::vector<Tensor>&) {
-  constexpr uint32_t kChunk = 8192;
-  const Tensor& hyper = in.back();
-  vk::Context& ctx = vk::context_for(hyper.device());
-  struct Group {
-    std::vector<std::shared_ptr<Buffer>> buffers;
-    uint32_t first = 0, count = 0;
-  };
-  std::vector<Group> groups(1);
-  std::vector<int32_t> table;
-  for (size_t i = 0; i + 4 < in.size(); i += 4) {
-    const uint32_t n = vk::u32(in[i].numel(), "parameter size");
-    if (n == 0) continue;
-    auto missing = [&](const Group& g) {
-      std::vector<std::shared_ptr<Buffer>> add;
-      for (size_t t = 0; t < 4; ++t)
-        if (std::find(g.buffers.begin(), g.buffers.end(), in[i + t].buffer()) == g.buffers.end() &&
-            std::find(add.begin(), add.end(), in[i + t].buffer()) == add.end())
-          add.push_back(in[i + t].buffer());
-      return add;
-    };
-    if (groups.back().buffers.size() + missing(groups.back()).size() > size_t(max_buffers))
-      groups.push_back(Group{{}, uint32_t(table.size() / 8), 0});
-    Group& g = groups.back();
-    for (const auto& b : missing(g)) g.buffers.push_back(b);
-    uint32_t slots = 0;
-    for (uint32_t t = 0; t < 4; ++t) {
-      auto it = std::find(g.buffers.begin(), g.buffers.end(), in[i + t].buffer());
-      slots |= uint32_t(it - g.buffers.begin()) << (4 * t);
-    }
-    slots |= uint32_t(in[i + 3].dtype()) << 16;
-    for (uint32_t c = 0; c < n; c += kChunk) {
-      table.insert(table.end(), {int32_t(slots), int32_t(vk::elem_offset(in[i]) + c), int32_t(vk::elem_offset(in[i + 1]) + c),
-                                 int32_t(vk::elem_offset(in[i + 2]) + c), int32_t(vk::elem_offset(in[i + 3]) + c),
-                                 int32_t(std::min(kChunk, n - c)), 0, 0});
-      ++g.count;
-    }
-  }
-  if (table.empty()) return;
-  Tensor tab = Tensor::from_ints(table, {int64_t(table.size())}, hyper.device());
-  for (const Group& g : groups) {
-    if (g.count == 0) continue;
-    std::vector<vk::Binding> b;
-    for (int i = 0; i < 8; ++i) b.push_back({g.buffers[size_t(std::min<int>(i, int(g.buffers.size()) - 1))], true});
-    b.push_back(vk::in(hyper));
-    b.push_back(vk::in(tab));
-    struct {
-      uint32_t first, count;
-    } push{g.first, g.count};
-    ctx.dispatch(vk::variant(ctx, "adamw_many"), b, push, vk::groups_1d(g.count, 1), {256});
-  }
-}
-
 void SgdUpdate::eval_vulkan(const std::vector<Tensor>& in, std::vector<Tensor>&) {
   bool momentum = in[1].defined();
   // Without momentum the M and V bindings are unused; bind the parameter there.

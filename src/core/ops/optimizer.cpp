@@ -52,33 +52,6 @@ void adamw_update(const Tensor& param, const Tensor& m, const Tensor& v, const T
   run(prim, {param, m, v, grad.is_contiguous() ? grad : contiguous(grad), hyper});
 }
 
-void adamw_update_many(const std::vector<Tensor>& params, const std::vector<Tensor>& m, const std::vector<Tensor>& v,
-                       const std::vector<Tensor>& grads, const Tensor& hyper, int max_buffers) {
-  if (m.size() != params.size() || v.size() != params.size() || grads.size() != params.size())
-    throw ShapeError("adamw_update_many: " + std::to_string(params.size()) + " parameters but " +
-                     std::to_string(m.size()) + " m, " + std::to_string(v.size()) + " v and " +
-                     std::to_string(grads.size()) + " gradients");
-  if (max_buffers < 4 || max_buffers > 8) throw ShapeError("adamw_update_many: max_buffers must be in [4, 8]");
-  if (hyper.numel() != kOptimHyperSize || hyper.dtype() != DType::f32)
-    throw ShapeError("adamw_update_many: hyper-parameters must be f32 [" + std::to_string(kOptimHyperSize) + "]");
-  std::vector<Tensor> in;
-  for (size_t i = 0; i < params.size(); ++i) {
-    check_same(params[i], params[i], "parameter", "adamw_update_many");
-    check_same(params[i], m[i], "m", "adamw_update_many");
-    check_same(params[i], v[i], "v", "adamw_update_many");
-    check_same(params[i], grads[i], "grad", "adamw_update_many");
-    if (params[i].device() != hyper.device())
-      throw ShapeError("adamw_update_many: a parameter is on " + params[i].device().str() + ", hyper on " +
-                       hyper.device().str());
-    for (const Tensor* t : {&params[i], &m[i], &v[i]}) in.push_back(*t);
-    in.push_back(grads[i].is_contiguous() ? grads[i] : contiguous(grads[i]));
-  }
-  if (params.empty()) return;
-  in.push_back(hyper);
-  AdamWUpdateMany prim(max_buffers);
-  run(prim, in);
-}
-
 void sgd_update(const Tensor& param, const Tensor& momentum, const Tensor& grad, const Tensor& hyper) {
   check_same(param, param, "parameter", "sgd_update");
   check_same(param, momentum, "momentum", "sgd_update");

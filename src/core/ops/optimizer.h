@@ -28,19 +28,6 @@ class AdamWUpdate final : public Primitive {
   void eval_vulkan(const std::vector<Tensor>& in, std::vector<Tensor>& out) override;
 };
 
-// AdamWUpdate over many parameters: inputs (param, m, v, grad) for each, then hyper. On Vulkan one dispatch
-// covers the tensors of up to `max_buffers` device buffers (8; fewer in tests), each cut into chunks of 8192
-// elements, one workgroup per chunk (kernels/adamw_many.comp): a LoRA step's 224 adapter tensors in one or two
-// dispatches instead of 224.
-class AdamWUpdateMany final : public Primitive {
- public:
-  explicit AdamWUpdateMany(int max_buffers = 8) : max_buffers(max_buffers) {}
-  const char* name() const override { return "adamw_update_many"; }
-  void eval_cpu(const std::vector<Tensor>& in, std::vector<Tensor>& out) override;
-  void eval_vulkan(const std::vector<Tensor>& in, std::vector<Tensor>& out) override;
-  int max_buffers;
-};
-
 // Inputs: param f32, momentum buffer f32 (may be undefined when β1 = 0), grad, hyper. SGD with momentum
 // (torch.optim.SGD semantics: buf = μ·buf + g; p -= lr·buf) and decoupled weight decay.
 class SgdUpdate final : public Primitive {
@@ -67,9 +54,6 @@ namespace ops {
 // Σ over xs of Σ x² (f32 scalar on xs' device). Non-contiguous tensors are copied first.
 Tensor sum_of_squares(const std::vector<Tensor>& xs, int max_buffers = 8);
 void adamw_update(const Tensor& param, const Tensor& m, const Tensor& v, const Tensor& grad, const Tensor& hyper);
-// adamw_update for every i (all on hyper's device), in a few dispatches.
-void adamw_update_many(const std::vector<Tensor>& params, const std::vector<Tensor>& m, const std::vector<Tensor>& v,
-                       const std::vector<Tensor>& grads, const Tensor& hyper, int max_buffers = 8);
 void sgd_update(const Tensor& param, const Tensor& momentum, const Tensor& grad, const Tensor& hyper);
 }  // namespace ops
 
