@@ -107,6 +107,10 @@ TEST(VulkanElementwise, DenseVectorPaths) {
           return ops::where(ops::greater_equal(part(a_), part(b_)), part(a_), part(b_));
         };
         EXPECT_CLOSE(w(a.dev, b.dev).to_floats(), w(a.cpu, b.cpu).to_floats(), dt);
+        // A dense copy into a fresh tensor of the same dtype moves the bits as they are.
+        Tensor copied = Tensor::empty({1037}, dt, gpu());
+        copy_into(copied, part(a.dev));
+        EXPECT_EQ(copied.to_floats(), part(a.cpu).to_floats());
       }
 }
 
