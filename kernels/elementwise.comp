@@ -157,7 +157,9 @@ uvec4 hi4(uint dt, uvec4 a, uvec4 b) { return is16(dt) ? uvec4(a.z & 0xffffu, a.
     if (is16(dt_)) { A = T##_q4[(i) >> 3]; }                                      \
     else { A = T##_q4[(i) >> 2]; B = T##_q4[((i) >> 2) + 1u]; }                   \
   }
-#if KIND == KIND_UNARY || KIND == KIND_COPY
+#if KIND == KIND_UNARY
+#error "elementwise.comp: no wide unary build (small unary ops ran slower through it)"
+#elif KIND == KIND_COPY
 #define TOUT_Q4 T1_q4
 #elif KIND == KIND_BINARY
 #define TOUT_Q4 T2_q4
@@ -203,13 +205,7 @@ void wide_path() {
       if (q >= n8) continue;
       uint d0 = dtype_of(0u);
       vec4 xl = decode4(d0, lo4(d0, a0[u], b0[u])), xh = decode4(d0, hi4(d0, a0[u], b0[u]));
-#if KIND == KIND_UNARY
-      vec4 rl = vec4(unary_op(p.op, xl.x, p.param), unary_op(p.op, xl.y, p.param), unary_op(p.op, xl.z, p.param),
-                     unary_op(p.op, xl.w, p.param));
-      vec4 rh = vec4(unary_op(p.op, xh.x, p.param), unary_op(p.op, xh.y, p.param), unary_op(p.op, xh.z, p.param),
-                     unary_op(p.op, xh.w, p.param));
-      store8(dtype_of(1u), p.offsets[1] + 8u * q, rl, rh);
-#elif KIND == KIND_COPY
+#if KIND == KIND_COPY
       if (d0 == dtype_of(1u)) {  // bit-exact
         if (is16(d0)) TOUT_Q4[(p.offsets[1] + 8u * q) >> 3] = a0[u];
         else store8_bits(d0, p.offsets[1] + 8u * q, a0[u], b0[u]);
