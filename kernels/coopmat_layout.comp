@@ -3,7 +3,8 @@
 // fragment_layout_is_mma): out[l * 8 + e] is r * 16 + c for element e of lane l of an f32 fragment loaded from
 // the matrix whose (r, c) entry is r * 16 + c, out[256 + l * 8 + e] the same for an f16 fragment (-1 past a lane's
 // elements), and out[512] is 1 where that f32 fragment, put element by element into an f16 one used as the A
-// operand of a product with the identity, comes back unchanged (what the register-softmax kernels do with P).
+// operand of a product with the identity, comes back unchanged (what the register-softmax kernels do with P);
+// out[513] the same for the f16 fragment used as the B operand (what matmul_skinny.comp does with B).
 #extension GL_KHR_memory_scope_semantics : enable
 #extension GL_NV_cooperative_matrix : require
 #extension GL_EXT_shader_explicit_arithmetic_types_float16 : require
@@ -48,4 +49,11 @@ void main() {
   for (uint i = lane; i < 256u; i += 32u) same = same && back[i] == float(i);
   same = subgroupAll(same);
   if (lane == 0u) o[512] = same ? 1 : 0;
+  barrier();
+  coopMatStoreNV(coopMatMulAddNV(id, pa, fcoopmatNV<32, gl_ScopeSubgroup, 16, 16>(0.0)), back, 0u, 16u, false);
+  barrier();
+  same = true;
+  for (uint i = lane; i < 256u; i += 32u) same = same && back[i] == float(i);
+  same = subgroupAll(same);
+  if (lane == 0u) o[513] = same ? 1 : 0;
 }

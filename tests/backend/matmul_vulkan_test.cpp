@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "backend/vulkan/fragment_layout.h"
 #include "backend/vulkan/matmul.h"
 #include "backend/vulkan/vulkan_backend.h"
 #include "core/ops/matmul.h"
@@ -207,12 +208,14 @@ TEST_F(VulkanMatmul, CoopmatKernel) {
   }
 }
 
-// LoRA's products: the rank-16 side takes the skinny 128x16 / 16x128 fast tiles (with split-K over a long K), a
-// K of 16 takes the fast kernel's 16-step builds (l16 / m16). The automatic choice must pick them. The 256x128
-// tile (fast kernel only) on every layout.
+// LoRA's products: the rank-16 side takes the skinny kernel where A is 16-bit and row-major (matmul_skinny.comp,
+// on devices with the mma.sync fragment layout), else the narrow 128x16 / 16x128 fast tiles (with split-K over a
+// long K); a K of 16 takes the fast kernel's 16-step builds (l16 / m16). The automatic choice must pick them. The
+// 256x128 tile (fast kernel only) on every layout.
 TEST_F(VulkanMatmul, CoopmatSkinnyAndShortK) {
   if (!vk::coopmat_available(dev_.index)) GTEST_SKIP() << "device has no cooperative matrices";
   vk::matmul_options().kernel = vk::MatmulKernel::coopmat;
+  const bool skinny_kernel = vk::fragment_layout_is_mma(vk::context_for(dev_));
   struct Want {
     Case c;
     const char* kernel;
@@ -231,8 +234,23 @@ TEST_F(VulkanMatmul, CoopmatSkinnyAndShortK) {
         for (const Want& w : wants) {
           run(w.c, "coopmat skinny / short K");
           std::string k = vk::last_matmul_kernel();
-          EXPECT_NE(k.find(w.kernel), std::string::npos) << describe(w.c) << ": " << k;
-          EXPECT_NE(k.find(" fast"), std::string::npos) << describe(w.c) << ": " << k;
+          const bool skinny = skinny_kernel && t != DType::f32 && !ta && w.c.a.batch.empty() && w.c.N <= 32;
+          EXPECT_NE(k.find(skinny ? "skinny" : w.kernel), std::string::npos) << describe(w.c) << ": " << k;
+          if (!skinny) {
+            EXPECT_NE(k.find(" fast"), std::string::npos) << describe(w.c) << ": " << k;
+          }
+        }
+      }
+  // The skinny kernel's edges: rows past a workgroup's 32, a K that leaves some subgroups without a step, N not a
+  // multiple of 16, and N = 32 (two fragments wide).
+  for (DType t : {DType::bf16, DType::f16})
+    for (bool tb : {false, true})
+      for (const Case& c : {Case{37, 16, 288, t, {}, {{}, tb, 0}}, Case{1, 8, 64, t, {}, {{}, tb, 0}},
+                            Case{301, 18, 1024, t, {}, {{}, tb, 0}}, Case{96, 32, 32, t, {}, {{}, tb, 0}},
+                            Case{40, 2, 96, t, {}, {{}, tb, 0}}}) {
+        run(c, "coopmat skinny");
+        if (skinny_kernel) {
+          EXPECT_NE(vk::last_matmul_kernel().find("skinny"), std::string::npos) << describe(c);
         }
       }
   vk::matmul_options().tile = 'w';  // 256x128, fast kernel only

@@ -4,6 +4,8 @@
 // on and off, a vocabulary that is not a multiple of the chunk, an odd row count, f32 / f16 / bf16 inputs. The
 // forward is also checked against a double-precision reference.
 #include <algorithm>
+#include <cstdlib>
+#include <string>
 
 #include "core/autodiff.h"
 #include "core/error.h"
@@ -78,36 +80,53 @@ TEST_P(OpTest, LinearCrossEntropyMatchesUnfused) {
       }
 }
 
+// LMTUNE_LOSS_LOGITS set for one scope (the chunks' logits dtype when d hidden is computed in the forward).
+struct LogitsDtype {
+  explicit LogitsDtype(const char* v) { setenv("LMTUNE_LOSS_LOGITS", v, 1); }
+  ~LogitsDtype() { unsetenv("LMTUNE_LOSS_LOGITS"); }
+};
+
 // A frozen weight (the LoRA case): d hidden is computed in the forward pass (running lse over the chunks) and
-// equals the unfused one, for every dtype, soft-cap on and off, one chunk or several.
+// equals the unfused one, for every dtype, soft-cap on and off, one chunk or several, with f32 logits and with
+// f16 logits (what tensor-core backends take without a soft-cap; a soft-cap keeps f32).
 TEST_P(OpTest, LinearCrossEntropyFrozenWeight) {
   const int64_t N = 13, C = 19, Vocab = 1000;
-  for (DType dt : float_dtypes())
-    for (float softcap : {0.0f, 2.5f})
-      for (int64_t chunk : {int64_t(384), int64_t(0)}) {
-        LMTUNE_CASE(dtype_name(dt) << " softcap " << softcap << " chunk " << chunk);
-        Tensor h = make_input({N, C}, dt, dev(), 96, Layout::transposed, 0.1f, 1.0f);
-        // Large logits in some rows: the running lse must rescale what it has accumulated.
-        Tensor w = make_input({Vocab, C}, dt, dev(), 97, Layout::contiguous, 0.1f, 3.0f);
-        Tensor targets = test_targets(dev());
-        Tensor g = Tensor::from_floats(random_values(N, 98, 0.5f, 1.5f, true), {N}, DType::f32, dev());
-        auto fused = [&](const V& in) { return V{ops::linear_cross_entropy(in[0], w, targets, -100, softcap, chunk)}; };
-        auto unfused = [&](const V& in) { return V{reference_loss(in[0], w, targets, softcap)}; };
-        auto [fo, fg] = lmtune::vjp(fused, {h}, {g});
-        auto [uo, ug] = lmtune::vjp(unfused, {h}, {g});
-        EXPECT_TRUE(agree(fo[0], uo[0], 1e-10)) << "loss";
-        EXPECT_TRUE(agree(fg[0], ug[0], tolerance_vs_unfused(dt))) << "d hidden";
-        // The weight's transposed copy for the logits products gives the same.
-        Tensor wt = ops::contiguous(ops::transpose(w));
-        auto [to, tgr] = lmtune::vjp(
-            [&](const V& in) { return V{ops::linear_cross_entropy(in[0], w, targets, -100, softcap, chunk, wt)}; }, {h},
-            {g});
-        EXPECT_TRUE(agree(to[0], fo[0], 1e-10)) << "loss, transposed weight";
-        EXPECT_TRUE(agree(tgr[0], fg[0], tolerance_vs_unfused(dt))) << "d hidden, transposed weight";
-        std::vector<float> d_ignored = ops::slice(fg[0], 0, 2, 3).to_floats();
-        EXPECT_EQ(*std::max_element(d_ignored.begin(), d_ignored.end()), 0.0f);
-        EXPECT_EQ(*std::min_element(d_ignored.begin(), d_ignored.end()), 0.0f);
-      }
+  for (const char* logits : {"f32", "f16"})
+    for (DType dt : float_dtypes())
+      for (float softcap : {0.0f, 2.5f})
+        for (int64_t chunk : {int64_t(384), int64_t(0)}) {
+          LMTUNE_CASE(logits << " logits, " << dtype_name(dt) << " softcap " << softcap << " chunk " << chunk);
+          LogitsDtype forced(logits);
+          const bool z16 = std::string(logits) == "f16" && softcap == 0;
+          const double loss_tol = z16 ? tolerance(DType::f16) : 1e-10;
+          const double grad_tol =
+              z16 ? std::max(tolerance(DType::f16), tolerance_vs_unfused(dt)) : tolerance_vs_unfused(dt);
+          Tensor h = make_input({N, C}, dt, dev(), 96, Layout::transposed, 0.1f, 1.0f);
+          // Large logits in some rows: the running lse must rescale what it has accumulated.
+          Tensor w = make_input({Vocab, C}, dt, dev(), 97, Layout::contiguous, 0.1f, 3.0f);
+          Tensor targets = test_targets(dev());
+          Tensor g = Tensor::from_floats(random_values(N, 98, 0.5f, 1.5f, true), {N}, DType::f32, dev());
+          auto fused = [&](const V& in) {
+            return V{ops::linear_cross_entropy(in[0], w, targets, -100, softcap, chunk)};
+          };
+          auto unfused = [&](const V& in) { return V{reference_loss(in[0], w, targets, softcap)}; };
+          auto [fo, fg] = lmtune::vjp(fused, {h}, {g});
+          auto [uo, ug] = lmtune::vjp(unfused, {h}, {g});
+          EXPECT_TRUE(agree(fo[0], uo[0], loss_tol)) << "loss";
+          EXPECT_TRUE(agree(fg[0], ug[0], grad_tol)) << "d hidden";
+          // The weight's transposed copy for the logits products gives the same.
+          Tensor wt = ops::contiguous(ops::transpose(w));
+          auto [to, tgr] = lmtune::vjp(
+              [&](const V& in) {
+                return V{ops::linear_cross_entropy(in[0], w, targets, -100, softcap, chunk, wt)};
+              },
+              {h}, {g});
+          EXPECT_TRUE(agree(to[0], fo[0], loss_tol)) << "loss, transposed weight";
+          EXPECT_TRUE(agree(tgr[0], fg[0], grad_tol)) << "d hidden, transposed weight";
+          std::vector<float> d_ignored = ops::slice(fg[0], 0, 2, 3).to_floats();
+          EXPECT_EQ(*std::max_element(d_ignored.begin(), d_ignored.end()), 0.0f);
+          EXPECT_EQ(*std::min_element(d_ignored.begin(), d_ignored.end()), 0.0f);
+        }
 }
 
 TEST_P(OpTest, LinearCrossEntropyErrors) {

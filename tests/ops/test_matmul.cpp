@@ -1,4 +1,6 @@
 // matmul and linear: odd sizes, broadcast batch dims, transposed / strided / expanded operands, all dtypes.
+#include <array>
+
 #include "core/autodiff.h"
 #include "core/error.h"
 #include "ops/op_test_util.h"
@@ -61,6 +63,37 @@ TEST_P(OpTest, MatmulOutputDtype) {
   EXPECT_THROW(ops::matmul(make_input({2, 3}, DType::f32, dev(), 74), make_input({3, 2}, DType::f32, dev(), 75),
                            DType::i32),
                lmtune::ShapeError);
+}
+
+// LoRA's rank side, C [M, N <= 32] = A B with 16-bit A (the skinny tensor-core kernel on devices that have it):
+// every dtype of B and C, B in both layouts, rows past a multiple of 32, N past a multiple of 16.
+TEST_P(OpTest, MatmulSkinny) {
+  for (DType ta : {DType::bf16, DType::f16})
+    for (DType tb : {DType::f16, DType::f32, DType::bf16})
+      for (DType tc : {DType::f32, DType::f16, DType::bf16})
+        for (Layout lb : {Layout::contiguous, Layout::transposed})
+          for (auto [M, N, K] : {std::array<int64_t, 3>{45, 16, 320}, std::array<int64_t, 3>{64, 26, 96}}) {
+            LMTUNE_CASE(dtype_name(ta) << " x " << dtype_name(tb) << " -> " << dtype_name(tc) << " b "
+                                       << layout_name(lb) << " " << M << "x" << N << "x" << K);
+            Tensor a = make_input({M, K}, ta, dev(), 76);
+            Tensor b = make_input({K, N}, tb, dev(), 77, lb);
+            Tensor c = ops::matmul(a, b, tc);
+            EXPECT_EQ(c.dtype(), tc);
+            EXPECT_TRUE(close(c, ref::matmul(ref::of(a), ref::of(b)), tc == DType::f32 ? ta : tc));
+          }
+  // LoRA's weight gradients, a short side over a long K: dA = gbᵀ x [16, N] and dB = gᵀ h [M, 32] with an f16 rank
+  // side and g, x 16-bit and stored [K, rows].
+  for (DType tx : {DType::bf16, DType::f16})
+    for (DType tc : {DType::f32, DType::bf16}) {
+      LMTUNE_CASE(dtype_name(tx) << " -> " << dtype_name(tc));
+      Tensor gb = make_input({400, 16}, DType::f16, dev(), 78);
+      Tensor x = make_input({400, 192}, tx, dev(), 79);
+      Tensor da = ops::matmul(ops::transpose(gb), x, tc);
+      EXPECT_TRUE(close(da, ref::matmul(ref::transpose(ref::of(gb), 0, 1), ref::of(x)), tc == DType::f32 ? tx : tc));
+      Tensor h = make_input({400, 32}, DType::f16, dev(), 80);
+      Tensor db = ops::matmul(ops::transpose(x), h, tc);
+      EXPECT_TRUE(close(db, ref::matmul(ref::transpose(ref::of(x), 0, 1), ref::of(h)), tc == DType::f32 ? tx : tc));
+    }
 }
 
 // 16-bit activations times an f32 master weight: the product on the 16-bit path, the weight's gradient in f32

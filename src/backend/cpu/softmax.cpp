@@ -107,9 +107,10 @@ void CrossEntropyGrad::eval_cpu(const std::vector<Tensor>& in, std::vector<Tenso
 }
 
 void SoftmaxChunk::eval_cpu(const std::vector<Tensor>& in, std::vector<Tensor>& out) {
-  const Tensor& z = in[0];  // contiguous f32 [N, c]
+  const Tensor& z = in[0];  // contiguous [N, c], f32 or 16-bit
   const int64_t N = z.shape()[0], C = z.shape()[1];
-  const float* zp = cpu::data<float>(z);
+  const char* zp = cpu::base_ptr(z);
+  const size_t ze = dtype_size(z.dtype());
   const int32_t* ignored = cpu::data<int32_t>(in[1]);
   const float* prev = has_prev ? cpu::data<float>(in[2]) : nullptr;
   char* yp = cpu::base_ptr(out[0]);
@@ -117,9 +118,10 @@ void SoftmaxChunk::eval_cpu(const std::vector<Tensor>& in, std::vector<Tensor>& 
   float* lse = cpu::data<float>(out[1]);
   const double cap = softcap;
   cpu::parallel_for(N, std::max<int64_t>(1, 16384 / std::max<int64_t>(C, 1)), [&](int64_t r0, int64_t r1) {
-    std::vector<float> v(static_cast<size_t>(C));
+    std::vector<float> v(static_cast<size_t>(C)), zr(static_cast<size_t>(C));
     for (int64_t r = r0; r < r1; ++r) {
-      const float* row = zp + r * C;
+      cpu::load_row(zp + r * C * int64_t(ze), z.dtype(), 1, C, zr.data());
+      const float* row = zr.data();
       double l = row_logsumexp(row, C);
       if (prev) {
         double a = prev[r], hi = std::max(a, l), lo = std::min(a, l);

@@ -8,12 +8,12 @@
 
 #include <algorithm>
 #include <cstdlib>
-#include <map>
 #include <mutex>
 #include <string>
 
 #include <spdlog/spdlog.h>
 
+#include "backend/vulkan/fragment_layout.h"
 #include "backend/vulkan/kernel_util.h"
 #include "backend/vulkan/matmul.h"
 #include "core/error.h"
@@ -133,34 +133,6 @@ void check_grid(uint32_t blocks, const char* what) {
 
 std::mutex g_last_mu;
 std::string g_last = "none";
-
-// Whether the device lays 16x16 cooperative-matrix fragments out as NVIDIA's mma.sync does, the layout the
-// register-softmax kernels (*_rs.comp) take: kernels/coopmat_layout.comp reports the (row, column) of every
-// lane's elements of an f32 and an f16 fragment, and whether an accumulator's elements, put into an f16 A operand
-// index by index, multiply as the same matrix. Checked once per device.
-bool fragment_layout_is_mma(Context& ctx) {
-  static std::mutex mu;
-  static std::map<int, bool> known;
-  std::lock_guard lock(mu);
-  if (auto it = known.find(ctx.index()); it != known.end()) return it->second;
-  Tensor t = Tensor::empty({513}, DType::i32, Device::vulkan(ctx.index()));
-  struct {
-    uint32_t unused;
-  } push{};
-  ctx.dispatch("coopmat_layout", {out(t)}, push, {1, 1, 1});
-  const std::vector<int32_t> got = t.to_ints();
-  bool mma = got[512] == 1;
-  for (int m = 0; m < 2; ++m)
-    for (int lane = 0; lane < 32; ++lane)
-      for (int e = 0; e < 8; ++e) {
-        const int row = lane / 4 + 8 * (e / 4), col = 2 * (lane % 4) + e % 2 + 8 * ((e / 2) % 2);
-        mma = mma && got[size_t(m * 256 + lane * 8 + e)] == row * 16 + col;
-      }
-  spdlog::info("vulkan: {} fragment layout: {}", ctx.name(),
-               mma ? "mma.sync (flash attention keeps scores in registers)" : "other (scores go through shared memory)");
-  known[ctx.index()] = mma;
-  return mma;
-}
 
 // Which kernels these inputs take (see flash_kernel() in flash_attention.h): "" (portable), "rs" (tensor cores,
 // scores in registers) or "cm" (tensor cores, scores through shared memory).

@@ -11,6 +11,7 @@
 #include <spdlog/spdlog.h>
 
 #include "backend/vulkan/dispatch.h"
+#include "backend/vulkan/matmul_skinny.h"
 #include "core/error.h"
 #include "core/ops/elementwise.h"
 #include "core/ops/matmul.h"
@@ -318,6 +319,12 @@ bool record_matmul(const Tensor& a, const Tensor& b, Tensor& c, const LowRankTer
   }
 
   if (acc && !use_cm) return false;  // only the fast coopmat kernel accumulates
+  // LoRA's rank side (N <= 32, 16-bit A): the skinny kernel where it takes the product (matmul_skinny.cpp).
+  if (use_cm && !lr && !acc && nbatch == 1 && !opt.tile && !opt.splitk && record_skinny(ctx, a, b, c)) {
+    std::lock_guard lock(g_last_mu);
+    g_last = std::string("coopmat skinny ") + (ta ? 't' : 'n') + (tb ? 't' : 'n');
+    return true;
+  }
 
   // At most two batch dims go to the kernel; outer ones (rare) become separate dispatches, as do chunks of
   // the outer kernel dim when the grid's z would pass 65535. Split-K needs everything in one dispatch.

@@ -21,6 +21,7 @@
 #include <cstdlib>
 #include <string>
 
+#include "core/backend.h"
 #include "core/autodiff.h"
 #include "core/error.h"
 #include "core/ops.h"
@@ -53,12 +54,12 @@ Tensor product_operand(const Tensor& hidden, const Tensor& weight) {
   return half && hidden.dtype() == weight.dtype() ? hidden : f32(hidden);
 }
 
-// The chunk's logits z [N, e - s], f32 (matmul accumulates in f32 and returns f32), from the transposed copy of
-// the weight ([C, V]: columns s..e) when there is one.
+// The chunk's logits z [N, e - s] in dtype zdt (the product accumulates in f32), from the transposed copy of the
+// weight ([C, V]: columns s..e) when there is one.
 Tensor chunk_logits(const Tensor& h, const Tensor& weight, const Tensor& weight_t, int64_t s, int64_t e,
-                    float softcap) {
+                    float softcap, DType zdt = DType::f32) {
   Tensor wt = weight_t.defined() ? ops::slice(weight_t, 1, s, e) : ops::transpose(rows_of(weight, s, e));
-  return cap(ops::matmul(h, wt, DType::f32), softcap);
+  return cap(ops::matmul(h, wt, zdt), softcap);
 }
 
 // Σ_C a[n, c] b[n, c] in f32: [N].
@@ -110,6 +111,19 @@ Tensor target_logits(const Tensor& h32, const Tensor& weight, const Targets& tg,
   return cap(row_dot(h32, ops::embedding(weight, tg.safe)), softcap);
 }
 
+// The dtype of the chunks' logits when the forward computes d hidden: f16 where the products already take f16
+// operands on tensor cores (16-bit hidden and weight, a backend that rounds bf16 products to f16) and there is no
+// soft-cap, as autocast gives 16-bit logits (PyTorch + PEFT: bf16); they are written and read once per chunk, at
+// half the bytes of f32 (H100, Llama-3.2-1B: bench/RESULTS.md). LMTUNE_LOSS_LOGITS=f16|f32 forces either.
+DType forward_logits_dtype(const Tensor& hidden, const Tensor& weight, float softcap, bool grad_in_forward) {
+  const char* env = std::getenv("LMTUNE_LOSS_LOGITS");
+  const std::string force = env ? env : "";
+  if (force == "f32" || !grad_in_forward || softcap > 0) return DType::f32;
+  if (force == "f16") return DType::f16;
+  bool half = hidden.dtype() != DType::f32 && hidden.dtype() == weight.dtype();
+  return half && backend(hidden.device()).rounds_bf16_products_to_f16() ? DType::f16 : DType::f32;
+}
+
 }  // namespace
 
 void LinearCrossEntropy::forward(const std::vector<Tensor>& in, std::vector<Tensor>& out) {
@@ -124,7 +138,7 @@ void LinearCrossEntropy::forward(const std::vector<Tensor>& in, std::vector<Tens
   std::vector<Tensor> chunk_lse;  // [N, 1] each
   Tensor lse, unit;               // with the hidden gradient in the forward: the running lse and U
   for_each_chunk(V, chunk, [&](int64_t s, int64_t e) {
-    Tensor z = chunk_logits(h, weight, weight_t, s, e, softcap);
+    Tensor z = chunk_logits(h, weight, weight_t, s, e, softcap, hidden_grad_in_forward ? logits_dtype : DType::f32);
     if (!hidden_grad_in_forward) {
       chunk_lse.push_back(logsumexp(z, -1, true));
       return;
@@ -260,6 +274,7 @@ Tensor linear_cross_entropy(const Tensor& hidden, const Tensor& weight, const Te
                          !(env && std::string(env) == "0");
   auto prim = std::make_shared<LinearCrossEntropy>(std::move(tv), ignore_index, softcap, std::min(chunk, V),
                                                    grad_in_forward, weight_t);
+  prim->logits_dtype = forward_logits_dtype(hidden, weight, softcap, grad_in_forward);
   std::vector<OutputSpec> outs{{{N}, DType::f32}, {{N}, DType::f32}};
   if (grad_in_forward) outs.push_back({{N, hidden.dim(1)}, DType::f32});
   return apply(prim, {hidden, weight, contiguous(targets)}, outs)[0];

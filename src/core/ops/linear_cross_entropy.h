@@ -14,8 +14,9 @@ namespace lmtune {
 
 // Inputs: hidden [N, C] (any float dtype), weight [V, C] (any float dtype), targets i32 [N].
 // Outputs: loss f32 [N] (0 where target == ignore_index) and lse f32 [N] (log-sum-exp of each row's logits,
-// kept for the backward; the op function returns only the loss). Logits are f32: hidden is widened, the
-// product accumulates in f32; with softcap > 0 they are softcap · tanh(logits / softcap).
+// kept for the backward; the op function returns only the loss). Products accumulate in f32 and logits are f32,
+// except in a forward that computes d hidden on a backend whose products take f16 operands (logits_dtype);
+// with softcap > 0 they are softcap · tanh(logits / softcap).
 // Saved for the vjp: the inputs (hidden, the weight — a view, not a copy — and targets) and lse. With
 // hidden_grad_in_forward (set by the op function when reverse mode wants d hidden but not d weight) a third output,
 // U f32 [N, C], is d loss / d hidden for a unit upstream gradient, and the vjp scales its rows by g.
@@ -41,6 +42,7 @@ class LinearCrossEntropy final : public Primitive {
   int64_t chunk;  // vocabulary rows per chunk (> 0)
   bool hidden_grad_in_forward;  // a third output U = d loss / d hidden for g = 1 (see above)
   Tensor weight_t;              // the frozen weight stored transposed ([C, V]) for the logits products, or undefined
+  DType logits_dtype = DType::f32;  // the chunks' logits with hidden_grad_in_forward (f16 on tensor-core backends)
 
  private:
   void forward(const std::vector<Tensor>& in, std::vector<Tensor>& out);

@@ -51,7 +51,7 @@ class CrossEntropyGrad final : public Primitive {
 };
 
 // One vocabulary chunk of the fused loss's forward (linear_cross_entropy with the hidden gradient in the forward):
-// inputs z [N, c] f32 (the chunk's soft-capped logits), ignored i32 [N] (!= 0: a zero row) and, with has_prev,
+// inputs z [N, c] f32 or 16-bit (the chunk's soft-capped logits), ignored i32 [N] (!= 0: a zero row) and, with has_prev,
 // prev f32 [N] (the log-sum-exp of the columns before). Outputs p [N, c] (any float dtype) and lse f32 [N]:
 //   lse = logaddexp(prev, logsumexp(z))   (logsumexp(z) alone without prev)
 //   p   = exp(z - lse) · (1 - (z / softcap)²)   (the soft-cap's slope only when softcap > 0)
