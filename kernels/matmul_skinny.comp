@@ -1,5 +1,5 @@
 #version 450
-// Skinny products on tensor cores: C [M, N] = A [M, K] B [K, N] for N <= 16 NF (LoRA's rank side: x Aᵀ and
+// Skinny products on tensor cores: C [M, N] = alpha A [M, K] B [K, N] for N <= 16 NF (LoRA's rank side: x Aᵀ and
 // g (s B)), A 16-bit with rows of 16-byte-aligned K, K a multiple of 32. Every element of A takes part in one
 // product only, so nothing is staged in shared memory: each subgroup streams its own 32 rows of A from memory
 // into f16 A fragments, 16 bytes per lane per row, with the register prefetch of the next K step in flight.
@@ -42,6 +42,7 @@ layout(push_constant) uniform SkinnyParams {
   uint a_off, a_rs;        // A (m, k) at a_off + m a_rs + k (a_off, a_rs multiples of 8)
   uint b_off, b_ks, b_ns;  // B (k, n) at b_off + k b_ks + n b_ns
   uint c_off, c_rs;        // C (m, n) at c_off + m c_rs + n (c_off, c_rs even)
+  float alpha;             // C = alpha A B
 } p;
 
 layout(set = 0, binding = 0) readonly buffer ABuf { uvec4 a128[]; };
@@ -151,6 +152,7 @@ void main() {
     vec2 s = vec2(0.0);
     [[unroll]] for (uint w = 0; w < NSG; ++w)
       s += vec2(part[(w * 32u + r) * NP + c], part[(w * 32u + r) * NP + c + 1u]);
+    s *= p.alpha;
     const uint at = p.c_off + m * p.c_rs + c;
     if (CDT == DT_F32) {
       c32[at] = s.x;

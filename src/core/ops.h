@@ -86,8 +86,9 @@ Tensor linear_cross_entropy(const Tensor& hidden, const Tensor& weight, const Te
 // [..., M, K] x [..., K, N] -> [..., M, N] with broadcast batch dims. Operands may be transposed views
 // (either of the last two strides equal to 1); f16/bf16/f32 inputs, f32 accumulation, output dtype of a.
 Tensor matmul(const Tensor& a, const Tensor& b);
-// The same with the output in out_dtype (e.g. f32 results of bf16 operands, without rounding them to bf16).
-Tensor matmul(const Tensor& a, const Tensor& b, DType out_dtype);
+// The same with the output in out_dtype (e.g. f32 results of bf16 operands, without rounding them to bf16), times
+// alpha (applied to the f32 accumulators where the kernel can, e.g. LoRA's scale on its rank-R intermediates).
+Tensor matmul(const Tensor& a, const Tensor& b, DType out_dtype, float alpha = 1.0f);
 // a [M, K] x b [K, N] + alpha * u [M, R] x v [R, N] in one pass over the output (a LoRA delta fused into the base
 // product); output in out_dtype.
 // c = c * row_scale[:, None] + a b, in place (see MatmulAccumulate in core/ops/matmul.h); row_scale may be undefined.

@@ -96,6 +96,34 @@ TEST_P(OpTest, MatmulSkinny) {
     }
 }
 
+// alpha A B: on the skinny kernel's shapes (alpha in its sums) and elsewhere (a scaling pass), forward and both
+// gradients (alpha times the plain product's).
+TEST_P(OpTest, MatmulAlpha) {
+  for (auto [M, N, K] : {std::array<int64_t, 3>{45, 16, 96}, std::array<int64_t, 3>{33, 40, 24}})
+    for (DType dt : {DType::bf16, DType::f32}) {
+      LMTUNE_CASE(M << "x" << N << "x" << K << " " << dtype_name(dt));
+      Tensor a = make_input({M, K}, dt, dev(), 81);
+      Tensor b = make_input({K, N}, dt, dev(), 82, Layout::transposed);
+      Tensor w = make_input({M, N}, DType::f32, dev(), 83);
+      auto loss = [&](float alpha) {
+        return [&, alpha](const std::vector<Tensor>& in) {
+          return std::vector<Tensor>{ops::sum_all(ops::mul(ops::matmul(in[0], in[1], DType::f32, alpha), w))};
+        };
+      };
+      Tensor c = ops::matmul(a, b, DType::f32, -2.5f);
+      ref::Array want = ref::matmul(ref::of(a), ref::of(b));
+      for (double& v : want.v) v *= -2.5;
+      EXPECT_TRUE(close(c, want, dt));
+      auto [v1, g1] = value_and_grad(loss(1.0f))({a, b});
+      auto [v2, g2] = value_and_grad(loss(-2.5f))({a, b});
+      for (int i = 0; i < 2; ++i) {
+        ref::Array scaled = ref::of(g1[size_t(i)]);
+        for (double& v : scaled.v) v *= -2.5;
+        EXPECT_TRUE(close(g2[size_t(i)], scaled, dt)) << "gradient " << i;
+      }
+    }
+}
+
 // 16-bit activations times an f32 master weight: the product on the 16-bit path, the weight's gradient in f32
 // (as accurate as f32 arithmetic on the same 16-bit operands, not rounded to bf16).
 TEST_P(OpTest, AutocastLinear) {

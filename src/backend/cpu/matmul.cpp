@@ -109,7 +109,7 @@ void Matmul::eval_cpu(const std::vector<Tensor>& in, std::vector<Tensor>& out) {
         std::memset(c, 0, size_t(M * N) * sizeof(float));
         continue;
       }
-      cblas_sgemm(CblasRowMajor, ta, tb, int(M), int(N), int(K), 1.0f, a.base + ao, lda, b.base + bo, ldb, 0.0f, c,
+      cblas_sgemm(CblasRowMajor, ta, tb, int(M), int(N), int(K), alpha, a.base + ao, lda, b.base + bo, ldb, 0.0f, c,
                   int(N));
     }
   };

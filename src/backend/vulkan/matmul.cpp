@@ -267,8 +267,39 @@ bool coopmat_available(int index) {
 }  // namespace vk
 
 namespace vk {
+namespace {
 
-bool record_matmul(const Tensor& a, const Tensor& b, Tensor& c, const LowRankTerm* lr, const Accumulate* acc) {
+// LoRA's rank side (N <= 32, 16-bit A): the skinny kernel where it takes the product (matmul_skinny.cpp), with
+// the options left automatic.
+bool record_skinny_product(const Tensor& a, const Tensor& b, Tensor& c, float alpha) {
+  Context& ctx = context_for(c.device());
+  const Features& f = ctx.features();
+  const MatmulOptions& opt = matmul_options();
+  const bool f32_in = a.dtype() == DType::f32 || b.dtype() == DType::f32;
+  if (!(f.cooperative_matrix && f.storage_16bit && f.subgroup_size == 32) || opt.kernel == MatmulKernel::scalar ||
+      (opt.kernel == MatmulKernel::automatic && f32_in && opt.f32_exact) || opt.tile || opt.splitk ||
+      c.ndim() != 2 || a.ndim() != 2 || b.ndim() != 2 || c.numel() == 0)
+    return false;
+  if (!record_skinny(ctx, a, b, c, alpha)) return false;
+  const bool ta = a.strides()[1] != 1 && a.strides()[0] == 1, tb = b.strides()[1] != 1 && b.strides()[0] == 1;
+  std::lock_guard lock(g_last_mu);
+  g_last = std::string("coopmat skinny ") + (ta ? 't' : 'n') + (tb ? 't' : 'n');
+  return true;
+}
+
+}  // namespace
+
+bool record_matmul(const Tensor& a, const Tensor& b, Tensor& c, const LowRankTerm* lr, const Accumulate* acc,
+                   float alpha) {
+  if (alpha != 1.0f) {
+    if (lr || acc) throw DeviceError("matmul: internal error, alpha with a low-rank addend or an accumulation");
+    if (record_skinny_product(a, b, c, alpha)) return true;
+    record_matmul(a, b, c, nullptr);
+    Unary scaled(UnaryOp::scale, alpha);
+    std::vector<Tensor> y{c};
+    eval_on(c.device(), scaled, {c}, y);
+    return true;
+  }
   Context& ctx = context_for(c.device());
   const Features& feat = ctx.features();
   const MatmulOptions& opt = matmul_options();
@@ -319,12 +350,7 @@ bool record_matmul(const Tensor& a, const Tensor& b, Tensor& c, const LowRankTer
   }
 
   if (acc && !use_cm) return false;  // only the fast coopmat kernel accumulates
-  // LoRA's rank side (N <= 32, 16-bit A): the skinny kernel where it takes the product (matmul_skinny.cpp).
-  if (use_cm && !lr && !acc && nbatch == 1 && !opt.tile && !opt.splitk && record_skinny(ctx, a, b, c)) {
-    std::lock_guard lock(g_last_mu);
-    g_last = std::string("coopmat skinny ") + (ta ? 't' : 'n') + (tb ? 't' : 'n');
-    return true;
-  }
+  if (!lr && !acc && record_skinny_product(a, b, c, 1.0f)) return true;
 
   // At most two batch dims go to the kernel; outer ones (rare) become separate dispatches, as do chunks of
   // the outer kernel dim when the grid's z would pass 65535. Split-K needs everything in one dispatch.
@@ -481,7 +507,7 @@ bool record_matmul(const Tensor& a, const Tensor& b, Tensor& c, const LowRankTer
 }  // namespace vk
 
 void Matmul::eval_vulkan(const std::vector<Tensor>& in, std::vector<Tensor>& out) {
-  vk::record_matmul(in[0], in[1], out[0], nullptr);
+  vk::record_matmul(in[0], in[1], out[0], nullptr, nullptr, alpha);
 }
 
 // In the fast kernel's epilogue where it takes the product, else composed: c ⊙ scale + a b.

@@ -52,8 +52,9 @@ struct LowRankTerm {
 struct Accumulate {
   const Tensor* row_scale;  // f32 [M], contiguous; or null
 };
+// alpha scales the product (without lr or acc): in the skinny kernel's sums, else by a pass over C afterwards.
 bool record_matmul(const Tensor& a, const Tensor& b, Tensor& c, const LowRankTerm* lr,
-                   const Accumulate* acc = nullptr);
+                   const Accumulate* acc = nullptr, float alpha = 1.0f);
 
 // Whether device `index` can run the cooperative-matrix kernel (ignores the options above).
 bool coopmat_available(int index);

@@ -18,6 +18,7 @@ struct SkinnyParams {
   uint32_t a_off, a_rs;
   uint32_t b_off, b_ks, b_ns;
   uint32_t c_off, c_rs;
+  float alpha;
 };
 
 uint32_t code(DType t) { return t == DType::f32 ? 0 : t == DType::f16 ? 1 : 2; }
@@ -32,7 +33,7 @@ bool enabled() {
 
 }  // namespace
 
-bool record_skinny(Context& ctx, const Tensor& a, const Tensor& b, Tensor& c) {
+bool record_skinny(Context& ctx, const Tensor& a, const Tensor& b, Tensor& c, float alpha) {
   const int64_t M = c.dim(-2), N = c.dim(-1), K = a.dim(-1);
   const int64_t a_rs = a.strides()[size_t(a.ndim() - 2)], a_cs = a.strides().back();
   const int64_t c_rs = c.strides()[size_t(c.ndim() - 2)], c_cs = c.strides().back();
@@ -43,7 +44,7 @@ bool record_skinny(Context& ctx, const Tensor& a, const Tensor& b, Tensor& c) {
   if (!fragment_layout_is_mma(ctx)) return false;
   SkinnyParams p{uint32_t(M), uint32_t(N), uint32_t(K), uint32_t(a.offset()), uint32_t(a_rs), uint32_t(b.offset()),
                  uint32_t(b.strides()[size_t(b.ndim() - 2)]), uint32_t(b.strides().back()), uint32_t(c.offset()),
-                 uint32_t(c_rs)};
+                 uint32_t(c_rs), alpha};
   ctx.dispatch(N <= 16 ? "matmul_skinny_n1" : "matmul_skinny_n2", {in(a), in(b), out(c)}, p,
                {uint32_t((M + 31) / 32), 1, 1}, {code(a.dtype()), code(b.dtype()), code(c.dtype())});
   return true;

@@ -4,7 +4,6 @@
 #include "core/autodiff.h"
 #include "core/error.h"
 #include "core/ops.h"
-#include "core/ops/elementwise.h"
 #include "core/ops/matmul.h"
 
 namespace lmtune {
@@ -18,39 +17,33 @@ Tensor rows(const Tensor& x) { return ops::reshape(x, {-1, x.dim(-1)}); }
 void LoraLinear::forward(const std::vector<Tensor>& in, std::vector<Tensor>& out) {
   const Tensor &x = in[0], &w = in[1];
   a16 = ops::cast(in[2], DType::f16);
-  // s B in f16, in one dispatch and in the layout the addend takes (beside weight_t's [K, N]: [R, N] rows): the
-  // addend needs no scale of its own and the backward's g (s B) no scaling pass.
+  // B in f16, in the layout the addend takes (beside weight_t's [K, N]: [R, N] rows).
   const Tensor b = weight_t.defined() ? ops::transpose(in[3]) : in[3];
-  std::vector<Tensor> bs{Tensor::empty(b.shape(), DType::f16, x.device())};
-  Unary scaled(UnaryOp::scale, scale);
-  eval_on(x.device(), scaled, {b}, bs);
-  b16 = weight_t.defined() ? ops::transpose(bs[0]) : bs[0];
+  b16 = weight_t.defined() ? ops::transpose(ops::cast(b, DType::f16)) : ops::cast(b, DType::f16);
   const Tensor x2 = rows(x);
-  down = ops::matmul(in.size() > 4 ? rows(in[4]) : x2, ops::transpose(a16), DType::f16);
+  // s x Aᵀ, the scale in the product: the addend needs no scale of its own and dB = gᵀ down no scaling pass.
+  down = ops::matmul(in.size() > 4 ? rows(in[4]) : x2, ops::transpose(a16), DType::f16, scale);
   std::vector<Tensor> y{ops::reshape(out[0], {-1, w.dim(0)})};
   MatmulLowRank product(1.0f);
   eval_on(x.device(), product, {x2, weight_t.defined() ? weight_t : ops::transpose(w), down, ops::transpose(b16)}, y);
 }
 
 // g [M, N]: with gb = s g B [M, R], dx = g W + gb A (one product with a low-rank addend), dA = gbᵀ x and
-// dB = s gᵀ (x Aᵀ), both in f32. With dropout the adapter's input is its own input: dx = g W and d x_in = gb A.
+// dB = gᵀ (s x Aᵀ), both in f32. With dropout the adapter's input is its own input: dx = g W and d x_in = gb A.
 std::vector<Tensor> LoraLinear::vjp(const Node& node, const std::vector<Tensor>& cot, const std::vector<bool>& wanted) {
   using namespace ops;
   const bool dropout = node.inputs.size() > 4;
   if (!cot[0].defined()) return std::vector<Tensor>(node.inputs.size());
   const Tensor &x = node.inputs[0], &w = node.inputs[1], &x_in = dropout ? node.inputs[4] : x;
   const Tensor g = rows(cot[0]), x2 = rows(x_in);
-  const Tensor gb = matmul(g, b16, DType::f16);  // s g B: b16 holds s B
+  const Tensor gb = matmul(g, b16, DType::f16, scale);  // s g B
   std::vector<Tensor> r(node.inputs.size());
   if (wanted[0] && !dropout) r[0] = reshape(matmul_low_rank(g, w, gb, a16, 1.0f, x.dtype()), x.shape());
   if (wanted[0] && dropout) r[0] = reshape(matmul(g, w, x.dtype()), x.shape());
   if (dropout && wanted[4]) r[4] = reshape(matmul(gb, a16, x_in.dtype()), x_in.shape());
   if (wanted[1]) r[1] = matmul(transpose(g), rows(x), w.dtype());
   if (wanted[2]) r[2] = matmul(transpose(gb), x2, DType::f32);
-  if (wanted[3]) {
-    r[3] = matmul(transpose(g), down, DType::f32);
-    if (scale != 1.0f) r[3] = ops::scale(r[3], scale);
-  }
+  if (wanted[3]) r[3] = matmul(transpose(g), down, DType::f32);  // down holds s x Aᵀ
   return r;
 }
 

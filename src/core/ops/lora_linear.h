@@ -4,7 +4,7 @@
 // took its own [tokens, out] product and an add in the forward pass, and another product and add for dx.
 //
 // The factors stay f32 masters with f32 gradients (as in AutocastLinear); the products run on f16 copies, and the
-// rank-R intermediates (x Aᵀ, s g B) are kept in f16, the precision the tensor cores read them in.
+// rank-R intermediates (s x Aᵀ, s g B) are kept in f16, the precision the tensor cores read them in.
 #pragma once
 #include "core/primitive.h"
 
@@ -31,7 +31,7 @@ class LoraLinear final : public Primitive {
 
  private:
   void forward(const std::vector<Tensor>& in, std::vector<Tensor>& out);
-  // Kept from the forward pass for the vjp: A and s B in f16, and x Aᵀ [tokens, R] in f16.
+  // Kept from the forward pass for the vjp: A and B in f16, and s x Aᵀ [tokens, R] in f16.
   Tensor a16, b16, down;
 };
 

@@ -40,8 +40,9 @@ std::vector<Tensor> Matmul::vjp(const Node& node, const std::vector<Tensor>& cot
                         ? cast_to(g_out, a.dtype())
                         : g_out;
   // g [..., M, N]: ga = g bᵀ [..., M, K], gb = aᵀ g [..., K, N], each summed over the batch dims it was broadcast on.
-  if (wanted[0]) ga = cast_to(sum_to_shape(matmul(g, transpose(b)), a.shape()), a.dtype());
-  if (wanted[1]) gb = cast_to(sum_to_shape(matmul(transpose(cast_to(a, g.dtype())), g), b.shape()), b.dtype());
+  if (wanted[0]) ga = cast_to(sum_to_shape(matmul(g, transpose(b), g.dtype(), alpha), a.shape()), a.dtype());
+  if (wanted[1])
+    gb = cast_to(sum_to_shape(matmul(transpose(cast_to(a, g.dtype())), g, g.dtype(), alpha), b.shape()), b.dtype());
   return {ga, gb};
 }
 
@@ -51,9 +52,9 @@ std::vector<Tensor> Matmul::jvp(const Node& node, const std::vector<Tensor>& t) 
   const Tensor& b = node.inputs[1];
   Tensor r;
   const DType out = node.output_dtypes[0];
-  if (t[0].defined()) r = matmul(cast_to(t[0], a.dtype()), b, out);
+  if (t[0].defined()) r = matmul(cast_to(t[0], a.dtype()), b, out, alpha);
   if (t[1].defined()) {
-    Tensor rb = matmul(a, cast_to(t[1], b.dtype()), out);
+    Tensor rb = matmul(a, cast_to(t[1], b.dtype()), out, alpha);
     r = r.defined() ? add(r, rb) : rb;
   }
   if (r.defined() && r.shape() != node.output_shapes[0]) r = contiguous(expand(r, node.output_shapes[0]));
@@ -123,7 +124,7 @@ void matmul_accumulate(const Tensor& c, const Tensor& a, const Tensor& b, const 
 
 Tensor matmul(const Tensor& a, const Tensor& b) { return matmul(a, b, a.dtype()); }
 
-Tensor matmul(const Tensor& a, const Tensor& b, DType out_dtype) {
+Tensor matmul(const Tensor& a, const Tensor& b, DType out_dtype, float alpha) {
   auto shapes = [&] { return to_string(a.shape()) + " and " + to_string(b.shape()); };
   if (a.ndim() < 2 || b.ndim() < 2) throw ShapeError("matmul: operands need at least 2 dims, got " + shapes());
   if (!is_float(a.dtype()) || !is_float(b.dtype()))
@@ -135,7 +136,7 @@ Tensor matmul(const Tensor& a, const Tensor& b, DType out_dtype) {
   if (b.ndim() == 2 && a.ndim() > 2) {
     Shape out = a.shape();
     out.back() = b.dim(-1);
-    return reshape(matmul(reshape(a, {-1, K}), b, out_dtype), out);
+    return reshape(matmul(reshape(a, {-1, K}), b, out_dtype, alpha), out);
   }
   Shape batch;
   try {
@@ -149,7 +150,7 @@ Tensor matmul(const Tensor& a, const Tensor& b, DType out_dtype) {
   Tensor ac = gemm_layout(a) ? a : contiguous(a);
   Tensor bc = gemm_layout(b) ? b : contiguous(b);
   if (!is_float(out_dtype)) throw ShapeError("matmul: the output dtype must be a float type");
-  return apply1(std::make_shared<Matmul>(), {ac, bc}, {out, out_dtype});
+  return apply1(std::make_shared<Matmul>(alpha), {ac, bc}, {out, out_dtype});
 }
 
 Tensor matmul_low_rank(const Tensor& a, const Tensor& b, const Tensor& u, const Tensor& v, float alpha,

@@ -5,11 +5,12 @@
 
 namespace lmtune {
 
-// a [..., M, K] x b [..., K, N] -> out [..., M, N]; batch dims broadcast (out has the broadcast batch shape).
-// Each operand's last two dims may be row-major (stride of last dim 1) or transposed (stride of dim -2 is 1);
-// anything else is made contiguous by the op function before the kernel sees it. Accumulates in f32.
+// alpha · a [..., M, K] x b [..., K, N] -> out [..., M, N]; batch dims broadcast (out has the broadcast batch
+// shape). Each operand's last two dims may be row-major (stride of last dim 1) or transposed (stride of dim -2 is
+// 1); anything else is made contiguous by the op function before the kernel sees it. Accumulates in f32.
 class Matmul final : public Primitive {
  public:
+  explicit Matmul(float alpha = 1.0f) : alpha(alpha) {}
   const char* name() const override { return "matmul"; }
   void eval_cpu(const std::vector<Tensor>& in, std::vector<Tensor>& out) override;
   void eval_vulkan(const std::vector<Tensor>& in, std::vector<Tensor>& out) override;
@@ -17,6 +18,8 @@ class Matmul final : public Primitive {
   bool has_jvp() const override { return true; }
   std::vector<Tensor> vjp(const Node& node, const std::vector<Tensor>& cot, const std::vector<bool>& wanted) override;
   std::vector<Tensor> jvp(const Node& node, const std::vector<Tensor>& t) override;
+
+  const float alpha;
 };
 
 // a [M, K] x b [K, N] + alpha * u [M, R] x v [R, N] -> [M, N]: a product with a low-rank addend (a LoRA
