@@ -21,7 +21,7 @@ TENSOR(4, LSE)   // f32 [rows]
 layout(push_constant) uniform Push {
   uint n, rows, x_off, y_off, dtypes;  // dtypes: x | y << 4
   uint log_softmax;
-  uint vec;  // n and both offsets are multiples of 4: the vector path
+  uint vec;  // 1: n and both offsets are multiples of 4 (the vector path); 2: CHUNK, also 16-bit x, multiples of 8
 #ifdef CHUNK
   uint ign_off, prev_off, lse_off, has_prev;
   float softcap;
@@ -105,9 +105,68 @@ void row_vec(uint row, uint tid, uint wg, uint dx, uint dy) {
   }
 }
 
+#ifdef CHUNK
+// The chunk with 8-element loads (vec == 2: 16-bit x, n and the offsets multiples of 8): one 16-byte access per
+// 8 elements of x (and of a 16-bit y), the row held in registers up to RC / 2 pairs of vec4 per invocation.
+void chunk_wide(uint row, uint tid, uint wg, uint dx, uint dy) {
+  uint xo = p.x_off + row * p.n, yo = p.y_off + row * p.n, n8 = p.n >> 3;
+  vec4 lo[RC / 2], hi[RC / 2];
+  float m = NEG_INF;
+  [[unroll]] for (uint j = 0u; j < RC / 2; ++j) {
+    uint k = tid + j * wg;
+    lo[j] = hi[j] = vec4(NEG_INF);
+    if (k < n8) X_ld8(dx, xo + 8u * k, lo[j], hi[j]);
+    vec4 t = max(lo[j], hi[j]);
+    m = max(m, max(max(t.x, t.y), max(t.z, t.w)));
+  }
+  for (uint k = tid + (RC / 2) * wg; k < n8; k += wg) {
+    vec4 a, b;
+    X_ld8(dx, xo + 8u * k, a, b);
+    vec4 t = max(a, b);
+    m = max(m, max(max(t.x, t.y), max(t.z, t.w)));
+  }
+  m = wg_max(m);
+  float s = 0.0;
+  const bool none = isinf(m) && m < 0.0;
+  [[unroll]] for (uint j = 0u; j < RC / 2; ++j) {
+    if (tid + j * wg < n8 && !none) {
+      vec4 e = exp(lo[j] - m) + exp(hi[j] - m);
+      s += (e.x + e.y) + (e.z + e.w);
+    }
+  }
+  for (uint k = tid + (RC / 2) * wg; k < n8 && !none; k += wg) {
+    vec4 a, b;
+    X_ld8(dx, xo + 8u * k, a, b);
+    vec4 e = exp(a - m) + exp(b - m);
+    s += (e.x + e.y) + (e.z + e.w);
+  }
+  s = wg_sum(s);
+  float l = chunk_lse(row, tid, m, s);
+  bool zero = LD_I32(IGN, p.ign_off + row) != 0 || (isinf(l) && l < 0.0);
+  [[unroll]] for (uint j = 0u; j < RC / 2; ++j) {
+    uint k = tid + j * wg;
+    if (k < n8)
+      Y_st8(dy, yo + 8u * k, zero ? vec4(0.0) : exp(lo[j] - l) * chunk_slope4(lo[j]),
+            zero ? vec4(0.0) : exp(hi[j] - l) * chunk_slope4(hi[j]));
+  }
+  for (uint k = tid + (RC / 2) * wg; k < n8; k += wg) {
+    vec4 a, b;
+    X_ld8(dx, xo + 8u * k, a, b);
+    Y_st8(dy, yo + 8u * k, zero ? vec4(0.0) : exp(a - l) * chunk_slope4(a),
+          zero ? vec4(0.0) : exp(b - l) * chunk_slope4(b));
+  }
+}
+#endif
+
 void main() {
   uint tid = gl_LocalInvocationID.x, wg = gl_WorkGroupSize.x;
   uint dx = p.dtypes & 15u, dy = p.dtypes >> 4;
+#ifdef CHUNK
+  if (p.vec == 2u) {
+    for (uint row = gl_WorkGroupID.x; row < p.rows; row += gl_NumWorkGroups.x) chunk_wide(row, tid, wg, dx, dy);
+    return;
+  }
+#endif
   if (p.vec != 0u) {
     for (uint row = gl_WorkGroupID.x; row < p.rows; row += gl_NumWorkGroups.x) row_vec(row, tid, wg, dx, dy);
     return;

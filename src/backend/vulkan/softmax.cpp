@@ -53,6 +53,8 @@ void softmax_chunk_rows(const Tensor& z_in, const Tensor& ignored_in, const Tens
                      uint32_t(z.dtype()) | uint32_t(y.dtype()) << 4, 0, 0, elem_offset(ignored), elem_offset(prev),
                      elem_offset(lse), prev_in.defined(), softcap};
   p.vec = vector_paths() && p.n % 4 == 0 && p.x_off % 4 == 0 && p.y_off % 4 == 0;
+  if (p.vec && dtype_size(z.dtype()) == 2 && p.n % 8 == 0 && p.x_off % 8 == 0 && p.y_off % 8 == 0)
+    p.vec = 2;  // 16-byte loads (kernels/softmax.comp chunk_wide)
   ctx.dispatch(variant(ctx, "softmax_chunk"), {in(z), out(y), in(ignored), in(prev), out(lse)}, p,
                {std::min<uint32_t>(p.rows, 65535), 1, 1}, {row_group_size(n)});
 }
