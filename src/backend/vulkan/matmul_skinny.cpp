@@ -3,6 +3,7 @@
 // these at about half the memory bandwidth (barriers and staging for data that is used once).
 #include "backend/vulkan/matmul_skinny.h"
 
+#include <cstdint>
 #include <cstdlib>
 #include <string>
 
@@ -41,6 +42,8 @@ bool record_skinny(Context& ctx, const Tensor& a, const Tensor& b, Tensor& c, fl
   if (!enabled() || !a16 || N > 32 || N % 2 != 0 || K % 32 != 0 || K == 0 || M > int64_t(65535) * 32) return false;
   if (a_cs != 1 || a_rs % 8 != 0 || a.offset() % 8 != 0 || c_cs != 1 || c_rs % 2 != 0 || c.offset() % 2 != 0)
     return false;
+  for (const Tensor* t : {&a, &b, static_cast<const Tensor*>(&c)})  // 32-bit element offsets in the kernel
+    if (t->buffer()->bytes() > (uint64_t(1) << 32) - 1) return false;
   if (!fragment_layout_is_mma(ctx)) return false;
   SkinnyParams p{uint32_t(M), uint32_t(N), uint32_t(K), uint32_t(a.offset()), uint32_t(a_rs), uint32_t(b.offset()),
                  uint32_t(b.strides()[size_t(b.ndim() - 2)]), uint32_t(b.strides().back()), uint32_t(c.offset()),
