@@ -31,6 +31,7 @@
 #extension GL_KHR_shader_subgroup_vote : enable
 
 #include "flash_attention.glsl"
+#include "mma_layout.glsl"
 
 #define F16M fcoopmatNV<16, gl_ScopeSubgroup, 16, 16>
 #define F32M fcoopmatNV<32, gl_ScopeSubgroup, 16, 16>
@@ -149,11 +150,7 @@ uvec4 f16x8_of(vec4 a, vec4 b) {
   return uvec4(packHalf2x16(a.xy), packHalf2x16(a.zw), packHalf2x16(b.xy), packHalf2x16(b.zw));
 }
 
-// The fragment layout the register-softmax kernels (*_rs.comp) take (NVIDIA's mma.sync layout, the same for f32
-// accumulators and f16 operands; vk::fragment_layout_is_mma checks it on the device): element e of lane l is at
-// row l/4 + 8 (e/4), column 2 (l%4) + e%2 + 8 ((e/2)%2). A row's elements lie on the 4 lanes of a quad.
-uint frag_row(uint lane, uint e) { return lane / 4u + 8u * (e / 4u); }
-uint frag_col(uint lane, uint e) { return 2u * (lane % 4u) + e % 2u + 8u * ((e / 2u) % 2u); }
+// The fragment layout the register-softmax kernels (*_rs.comp) take: mma_layout.glsl (frag_row / frag_col).
 float quad_max(float x) {
   x = max(x, subgroupShuffleXor(x, 1u));
   return max(x, subgroupShuffleXor(x, 2u));

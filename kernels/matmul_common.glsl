@@ -65,6 +65,14 @@ uint half_bits(uint word, uint e) { return (word >> ((e & 1u) << 4)) & 0xffffu; 
 float f16_bits_to_float(uint h) { return unpackHalf2x16(h).x; }
 float bf16_bits_to_float(uint h) { return uintBitsToFloat(h << 16); }
 uint float_to_f16_bits(float v) { return packHalf2x16(vec2(v, 0.0)) & 0xffffu; }
+// 8 16-bit elements in registers as f16 pairs: bf16 words converted, f16 as they are.
+uvec4 as_f16(uint dt, uvec4 w) {
+  if (dt != DT_BF16) return w;
+  return uvec4(packHalf2x16(vec2(uintBitsToFloat(w.x << 16), uintBitsToFloat(w.x & 0xffff0000u))),
+               packHalf2x16(vec2(uintBitsToFloat(w.y << 16), uintBitsToFloat(w.y & 0xffff0000u))),
+               packHalf2x16(vec2(uintBitsToFloat(w.z << 16), uintBitsToFloat(w.z & 0xffff0000u))),
+               packHalf2x16(vec2(uintBitsToFloat(w.w << 16), uintBitsToFloat(w.w & 0xffff0000u))));
+}
 // Round to nearest even, NaN stays a quiet NaN (matches lmtune::f32_to_bf16).
 uint float_to_bf16_bits(float v) {
   uint u = floatBitsToUint(v);

@@ -143,15 +143,6 @@ uint b_e[B_LD];
 VEC8_FN(vec8_a, a128)
 VEC8_FN(vec8_b, b128)
 
-// Registers as f16 pairs: bf16 words converted, others as they are.
-uvec4 as_f16(uint dt, uvec4 w) {
-  if (dt != DT_BF16) return w;
-  return uvec4(packHalf2x16(vec2(uintBitsToFloat(w.x << 16), uintBitsToFloat(w.x & 0xffff0000u))),
-               packHalf2x16(vec2(uintBitsToFloat(w.y << 16), uintBitsToFloat(w.y & 0xffff0000u))),
-               packHalf2x16(vec2(uintBitsToFloat(w.z << 16), uintBitsToFloat(w.z & 0xffff0000u))),
-               packHalf2x16(vec2(uintBitsToFloat(w.w << 16), uintBitsToFloat(w.w & 0xffff0000u))));
-}
-
 // Chunk c of the tiles: (row, first contiguous index) in the staged layout.
 void a_chunk(uint c, out uint m, out uint k) {
 #if TA

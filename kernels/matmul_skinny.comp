@@ -3,7 +3,7 @@
 // g (s B)), A 16-bit with rows of 16-byte-aligned K, K a multiple of 32. Every element of A takes part in one
 // product only, so nothing is staged in shared memory: each subgroup streams its own 32 rows of A from memory
 // into f16 A fragments, 16 bytes per lane per row, with the register prefetch of the next K step in flight.
-// Fragments are built element by element in NVIDIA's mma.sync layout (frag_row / frag_col below, checked on the
+// Fragments are built element by element in NVIDIA's mma.sync layout (frag_row / frag_col of mma_layout.glsl, checked on the
 // device: backend/vulkan/fragment_layout.cpp). Within each 32-wide K step the order of k is permuted: lane l's
 // 8 consecutive elements of a row (k = 8 (l % 4) + j) are its elements of both 16-wide fragments, so that one
 // 16-byte load fills them (j = 4 f + q: fragment f, the lane's q-th column of it); B's fragments, built from
@@ -19,6 +19,7 @@
 
 #define MATMUL_NO_PARAMS
 #include "matmul_common.glsl"
+#include "mma_layout.glsl"
 
 #ifndef NF
 #define NF 1  // 16-wide fragments across N
@@ -52,16 +53,6 @@ layout(set = 0, binding = 2) writeonly buffer CBuf { float c32[]; };
 layout(set = 0, binding = 2) writeonly buffer CBufW { uint cw[]; };
 
 shared float part[NSG * 32 * NP];  // each subgroup's sums over its slice of K
-
-uint frag_row(uint lane, uint e) { return lane / 4u + 8u * (e / 4u); }
-uint frag_col(uint lane, uint e) { return 2u * (lane % 4u) + e % 2u + 8u * ((e / 2u) % 2u); }
-
-uvec4 as_f16(uvec4 w) {
-  if (ADT != DT_BF16) return w;
-  [[unroll]] for (uint i = 0; i < 4u; ++i)
-    w[i] = packHalf2x16(vec2(uintBitsToFloat(w[i] << 16), uintBitsToFloat(w[i] & 0xffff0000u)));
-  return w;
-}
 
 float16_t b_at(uint e) {
   if (BDT == DT_F32) return float16_t(b32[e]);
@@ -124,7 +115,7 @@ void main() {
       [[unroll]] for (uint f = 0; f < 2u; ++f)
         [[unroll]] for (uint e = 0; e < 8u; ++e) bf[nf][f][e] = rb[nf][f][e];
     [[unroll]] for (uint i = 0; i < 2u; ++i) {
-      const uvec4 lo = as_f16(ra[2u * i]), hi = as_f16(ra[2u * i + 1u]);  // rows g and g + 8 of fragment i
+      const uvec4 lo = as_f16(ADT, ra[2u * i]), hi = as_f16(ADT, ra[2u * i + 1u]);  // rows g and g + 8 of fragment i
       [[unroll]] for (uint f = 0; f < 2u; ++f) {
         // Element e: row g + 8 (e / 4), the lane's column e % 4, i.e. half 4 f + e % 4 of the row's 8.
         const f16vec2 l0 = unpackFloat2x16(lo[2u * f]), l1 = unpackFloat2x16(lo[2u * f + 1u]);

@@ -273,10 +273,9 @@ namespace {
 // the options left automatic.
 bool record_skinny_product(const Tensor& a, const Tensor& b, Tensor& c, float alpha) {
   Context& ctx = context_for(c.device());
-  const Features& f = ctx.features();
   const MatmulOptions& opt = matmul_options();
   const bool f32_in = a.dtype() == DType::f32 || b.dtype() == DType::f32;
-  if (!(f.cooperative_matrix && f.storage_16bit && f.subgroup_size == 32) || opt.kernel == MatmulKernel::scalar ||
+  if (!coopmat_available(ctx.index()) || opt.kernel == MatmulKernel::scalar ||
       (opt.kernel == MatmulKernel::automatic && f32_in && opt.f32_exact) || opt.tile || opt.splitk ||
       c.ndim() != 2 || a.ndim() != 2 || b.ndim() != 2 || c.numel() == 0)
     return false;
