@@ -259,7 +259,10 @@ void Recorder::dispatch(const Pipeline& p, const std::vector<Binding>& bindings,
     vkCmdDispatch(s.cb, groups[0], groups[1], groups[2]);
   }
   ++dispatches_;
-  if (++batch_dispatches_ >= kMaxDispatches) flush();
+  if (++batch_dispatches_ >= batch_limit_) {
+    flush();
+    batch_limit_ = std::min(2 * batch_limit_, kMaxDispatches);
+  }
 }
 
 void Recorder::fill(const Binding& b, uint32_t value) {
@@ -426,12 +429,16 @@ void Recorder::poll() {
 }
 
 void Recorder::wait(uint64_t serial) {
-  if (serial <= completed_) return;
+  if (serial <= completed_) {
+    if (completed_ >= submitted_) batch_limit_ = kFirstBatch;
+    return;
+  }
   if (open_ && serial >= serial_) flush();
   for (int i = 0; i < kSlots; ++i) {
     Slot& s = slots_[(current_ + i) % kSlots];
     if (s.submitted && s.serial <= serial) retire(s, true);
   }
+  if (completed_ >= submitted_) batch_limit_ = kFirstBatch;  // the GPU is idle: start it soon (see recorder.h)
 }
 
 void Recorder::wait_all() {

@@ -1,5 +1,7 @@
 // Command recording and submission. Ops record into the current command buffer (a "batch"); a batch is submitted
-// after kMaxDispatches dispatches, or when the host needs a result, and up to kSlots batches are in flight.
+// after kMaxDispatches dispatches, or when the host needs a result, and up to kSlots batches are in flight. After
+// the host has waited for the GPU (which is then idle), batches start small and double (kFirstBatch, 2x, ..., up to
+// kMaxDispatches), so the GPU starts on the first kernels while the host records the rest.
 // Every batch has a serial; a batch's fence signalling means all work up to that serial has finished.
 //
 // Barriers: the recorder remembers which buffer ranges were read and written since the last barrier and inserts a
@@ -35,6 +37,7 @@ class Recorder {
  public:
   static constexpr int kSlots = 3;
   static constexpr uint32_t kMaxDispatches = 256;
+  static constexpr uint32_t kFirstBatch = 16;
 
   explicit Recorder(Context& ctx);
   ~Recorder();
@@ -99,6 +102,7 @@ class Recorder {
   bool open_ = false;
   uint64_t serial_ = 0, submitted_ = 0, completed_ = 0;
   uint32_t batch_dispatches_ = 0;
+  uint32_t batch_limit_ = kFirstBatch;  // dispatches that submit the open batch
   std::vector<Access> accesses_;  // since the last barrier in the open batch
   HostBuffer readback_;
   uint64_t submissions_ = 0, barriers_ = 0, dispatches_ = 0;
