@@ -132,6 +132,7 @@ void main() {
         whole[h] = rows_plain && key_ok[h] && key_doc[h] == rows_doc &&
                    bounds_clear(int(jk[h]), int(jk[h]), int(r0 / G) + p.q_offset, int((r0 + BR - 1u) / G) + p.q_offset);
 
+      const bool all_whole = whole[0] && whole[1];  // else masks in a loop of their own (flash_attention_cm.glsl)
       // The LSE (times log2 e) and delta of this lane's columns (rows of the block): 4 per 16 rows, read once.
       float lse2[BR / 16u][4], dl[BR / 16u][4];
       [[unroll]] for (uint nb = 0; nb < BR / 16u; ++nb)
@@ -152,13 +153,17 @@ void main() {
           st = coopMatMulAddNV(ka[f], qb, st);
         }
         [[unroll]] for (uint e = 0; e < 8u; ++e) {
-          const uint h = e / 4u, c = nb * 16u + frag_col(lane, e);
           xs[nb][e] = capped(st[e]);
-          const uint i = qrow + c;
-          pr[nb][e] = whole[h] || visible(row_ok[i], row_qpos[i], row_doc[i], key_ok[h], int(jk[h]), key_doc[h])
-                          ? exp2(xs[nb][e] * LOG2E - lse2[nb][e % 4u]) : 0.0;
-          pa[nb][e] = float16_t(pr[nb][e]);
+          pr[nb][e] = exp2(xs[nb][e] * LOG2E - lse2[nb][e % 4u]);
         }
+        if (!all_whole) {
+          [[unroll]] for (uint e = 0; e < 8u; ++e) {
+            const uint h = e / 4u, i = qrow + nb * 16u + frag_col(lane, e);
+            if (!(whole[h] || visible(row_ok[i], row_qpos[i], row_doc[i], key_ok[h], int(jk[h]), key_doc[h])))
+              pr[nb][e] = 0.0;
+          }
+        }
+        [[unroll]] for (uint e = 0; e < 8u; ++e) pa[nb][e] = float16_t(pr[nb][e]);
       }
       [[unroll]] for (uint kb = 0; kb < BR / 16u; ++kb)
         [[unroll]] for (uint f = 0; f < FD; ++f) {

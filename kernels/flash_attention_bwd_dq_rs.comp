@@ -78,6 +78,7 @@ void main() {
     [[unroll]] for (uint h = 0; h < 2u; ++h)
       whole[h] = row_ok[h] && keys_plain && doc[h] == block_doc && bounds_clear(jb, jb + int(BC) - 1, qpos[h], qpos[h]);
 
+    const bool all_whole = whole[0] && whole[1];  // else masks in a loop of their own (flash_attention_cm.glsl)
     // S = Q K^T and dP = dO V^T per 16 keys (K^T and V^T loaded column-major from the rows), then dS.
     F16M da[BC / 16u];
     [[unroll]] for (uint nb = 0; nb < BC / 16u; ++nb) {
@@ -89,17 +90,21 @@ void main() {
         s = coopMatMulAddNV(qa[f], kb, s);
         dp = coopMatMulAddNV(oa[f], vb, dp);
       }
+      float dsv[8];
       [[unroll]] for (uint e = 0; e < 8u; ++e) {
-        const uint h = e / 4u, c = nb * 16u + frag_col(lane, e);
-        float ds = 0.0;
-        if (whole[h] || visible(row_ok[h], qpos[h], doc[h], key_ok[c], jb + int(c), key_doc[c])) {
-          const float x = capped(s[e]);
-          float g = exp(x - lse[h]) * (dp[e] - delta[h]);
-          if (p.softcap > 0.0) g *= 1.0 - (x / p.softcap) * (x / p.softcap);
-          ds = g * p.scale;
-        }
-        da[nb][e] = float16_t(ds);
+        const uint h = e / 4u;
+        const float x = capped(s[e]);
+        float g = exp(x - lse[h]) * (dp[e] - delta[h]);
+        if (p.softcap > 0.0) g *= 1.0 - (x / p.softcap) * (x / p.softcap);
+        dsv[e] = g * p.scale;
       }
+      if (!all_whole) {
+        [[unroll]] for (uint e = 0; e < 8u; ++e) {
+          const uint h = e / 4u, c = nb * 16u + frag_col(lane, e);
+          if (!(whole[h] || visible(row_ok[h], qpos[h], doc[h], key_ok[c], jb + int(c), key_doc[c]))) dsv[e] = 0.0;
+        }
+      }
+      [[unroll]] for (uint e = 0; e < 8u; ++e) da[nb][e] = float16_t(dsv[e]);
     }
 
     // dQ += dS K.

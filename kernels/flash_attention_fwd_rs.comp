@@ -84,13 +84,17 @@ void main() {
     [[unroll]] for (uint h = 0; h < 2u; ++h)
       whole[h] = row_ok[h] && keys_plain && doc[h] == block_doc && bounds_clear(jb, jb + int(BC) - 1, qpos[h], qpos[h]);
     [[unroll]] for (uint nb = 0; nb < BC / 16u; ++nb)
-      [[unroll]] for (uint e = 0; e < 8u; ++e) {
-        const uint h = e / 4u, c = nb * 16u + frag_col(lane, e);
-        float x = capped(s[nb][e]);
-        if (!whole[h] && !visible(row_ok[h], qpos[h], doc[h], key_ok[c], jb + int(c), key_doc[c])) x = NEG_INF;
-        s[nb][e] = x;
-        mx[h] = max(mx[h], x);
-      }
+      [[unroll]] for (uint e = 0; e < 8u; ++e) s[nb][e] = capped(s[nb][e]);
+    // The masks only where a lane's rows are not both whole, as one branch around the loop (with the condition
+    // per element the compiler evaluated the masks everywhere: see flash_attention_cm.glsl).
+    if (!(whole[0] && whole[1]))
+      [[unroll]] for (uint nb = 0; nb < BC / 16u; ++nb)
+        [[unroll]] for (uint e = 0; e < 8u; ++e) {
+          const uint h = e / 4u, c = nb * 16u + frag_col(lane, e);
+          if (!whole[h] && !visible(row_ok[h], qpos[h], doc[h], key_ok[c], jb + int(c), key_doc[c])) s[nb][e] = NEG_INF;
+        }
+    [[unroll]] for (uint nb = 0; nb < BC / 16u; ++nb)
+      [[unroll]] for (uint e = 0; e < 8u; ++e) mx[e / 4u] = max(mx[e / 4u], s[nb][e]);
     float alpha[2];
     bool moved = false;
     [[unroll]] for (uint h = 0; h < 2u; ++h) {
