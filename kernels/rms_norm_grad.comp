@@ -1,8 +1,9 @@
 #version 450
 // Input gradient of RMSNorm (RmsNormGrad in core/ops/nn.h), one workgroup per dense row of length c, in f32:
 //   s = sum(g w x);  dx = rstd g w - x rstd^3 s / c      (= rstd (ĝ - x̂ mean(ĝ x̂)), ĝ = g w, x̂ = x rstd)
-// Reads x and g twice (the second time from cache), writes dx in its own dtype. vec 1: c and every offset are
-// multiples of 4 (4-element loads); vec 2: of 8, x and g 16-bit (8-element loads).
+// Reads x and g twice (the second time from cache), writes dx in its own dtype (acc = 1: adds it to dx's
+// contents, a gradient collected from the residual path). vec 1: c and every offset are multiples of 4
+// (4-element loads); vec 2: of 8, x and g 16-bit (8-element loads).
 #include "common.glsl"
 layout(local_size_x_id = 0) in;
 #include "rows.glsl"
@@ -22,6 +23,7 @@ layout(push_constant) uniform Push {
   uint x_off, w_off, rstd_off, g_off, dx_off;
   uint dtypes;  // x | w << 4 | g << 8 | dx << 12
   uint vec;
+  uint acc;
 } p;
 
 void main() {
@@ -52,14 +54,27 @@ void main() {
         G_ld8(dg, go + k, g0, g1);
         W_ld8(dw, p.w_off + k, w0, w1);
         X_ld8(dx_t, xo + k, x0, x1);
-        DX_st8(dd, oo + k, rstd * g0 * w0 - coef * x0, rstd * g1 * w1 - coef * x1);
+        vec4 d0 = rstd * g0 * w0 - coef * x0, d1 = rstd * g1 * w1 - coef * x1;
+        if (p.acc != 0u) {
+          vec4 o0, o1;
+          DX_ld8(dd, oo + k, o0, o1);
+          d0 += o0;
+          d1 += o1;
+        }
+        DX_st8(dd, oo + k, d0, d1);
       }
     } else if (p.vec != 0u) {
-      for (uint k = 4u * tid; k < p.c; k += 4u * wg)
-        DX_st4(dd, oo + k, rstd * G_ld4(dg, go + k) * W_ld4(dw, p.w_off + k) - coef * X_ld4(dx_t, xo + k));
+      for (uint k = 4u * tid; k < p.c; k += 4u * wg) {
+        vec4 d = rstd * G_ld4(dg, go + k) * W_ld4(dw, p.w_off + k) - coef * X_ld4(dx_t, xo + k);
+        if (p.acc != 0u) d += DX_ld4(dd, oo + k);
+        DX_st4(dd, oo + k, d);
+      }
     } else {
-      for (uint k = tid; k < p.c; k += wg)
-        DX_st(dd, oo + k, rstd * G_ld(dg, go + k) * W_ld(dw, p.w_off + k) - coef * X_ld(dx_t, xo + k));
+      for (uint k = tid; k < p.c; k += wg) {
+        float d = rstd * G_ld(dg, go + k) * W_ld(dw, p.w_off + k) - coef * X_ld(dx_t, xo + k);
+        if (p.acc != 0u) d += DX_ld(dd, oo + k);
+        DX_st(dd, oo + k, d);
+      }
     }
   }
 }

@@ -4,6 +4,7 @@
 #include "core/autodiff.h"
 
 #include <algorithm>
+#include <atomic>
 #include <map>
 #include <set>
 #include <unordered_map>
@@ -35,6 +36,15 @@ Tensor accumulate(const Tensor& acc, const Tensor& g) {
 }
 
 bool is_checkpoint(const Primitive& prim);  // defined with CheckpointPrimitive below
+
+std::atomic<uint64_t> g_added_in_place{0};
+
+// Whether a collected gradient may be updated in place by a vjp: the value's own dtype and shape, contiguous, and
+// no other tensor (view) shares its memory.
+bool in_place_ok(const Tensor& g, DType dtype, const Shape& shape) {
+  return g.dtype() == dtype && g.shape() == shape && g.is_contiguous() && g.offset() == 0 &&
+         g.impl_ptr().use_count() == 1 && g.buffer() && g.buffer().use_count() == 1;
+}
 
 // Nodes reachable from the roots, sorted by seq (ascending). Nodes older than min_seq are not entered.
 std::vector<Node*> collect(const std::vector<Tensor>& roots, uint64_t min_seq = 0) {
@@ -108,7 +118,33 @@ std::vector<Tensor> run_backward(const std::vector<Tensor>& roots, const std::ve
     // of the parameters its function captured.
     any = any || is_checkpoint(*node->prim);
     if (any) {
-      std::vector<Tensor> grads = node->prim->vjp(*node, cots, wanted);
+      // Gradients an input has collected so far, where the vjp may add into them in place (Primitive::vjp_into):
+      // moved out of their slot, so that only `into` holds them; whatever the vjp does not take goes back.
+      std::vector<Tensor> into(node->edges.size());
+      std::vector<bool> added(node->edges.size());
+      for (size_t i = 0; i < node->edges.size(); ++i) {
+        const Edge& e = node->edges[i];
+        if (!wanted[i] || !e.node) continue;
+        auto found_slot = node_grads.find(e.node.get());
+        if (found_slot == node_grads.end() || found_slot->second.size() <= size_t(e.output_index)) continue;
+        Tensor& slot = found_slot->second[size_t(e.output_index)];
+        if (slot.defined() && in_place_ok(slot, node->input_dtypes[i], node->input_shapes[i]))
+          into[i] = std::move(slot);
+      }
+      std::vector<Tensor> grads = node->prim->vjp_into(*node, cots, wanted, into, added);
+      for (size_t i = 0; i < node->edges.size(); ++i) {
+        if (!into[i].defined()) continue;
+        const Edge& e = node->edges[i];
+        Tensor& slot = node_grads[e.node.get()][size_t(e.output_index)];
+        slot = into[i];
+        if (added[i]) {
+          if (i >= grads.size() || grads[i].impl() != into[i].impl())
+            throw AutodiffError(std::string("vjp of '") + node->prim->name() + "' added into input " +
+                                std::to_string(i) + "'s gradient but returned another tensor");
+          grads[i] = Tensor();  // already in the slot
+          ++g_added_in_place;
+        }
+      }
       for (size_t i = 0; i < node->edges.size() && i < grads.size(); ++i) {
         if (!wanted[i] || !grads[i].defined()) continue;
         check_grad_shape(*node, i, grads[i]);
@@ -245,6 +281,8 @@ bool grad_enabled() { return t_grad_enabled; }
 bool on_tape(const Tensor& t) { return t.defined() && (t.requires_grad() || t.impl()->node); }
 NoGrad::NoGrad() : prev_(t_grad_enabled) { t_grad_enabled = false; }
 NoGrad::~NoGrad() { t_grad_enabled = prev_; }
+
+uint64_t gradients_added_in_place() { return g_added_in_place.load(); }
 
 void backward(const Tensor& loss, const Tensor& cotangent) {
   if (!loss.defined()) throw AutodiffError("backward: undefined tensor");

@@ -49,6 +49,9 @@ class NoGrad {
 // Accumulates d(loss)/d(leaf) into leaf.grad() for every leaf that requires grad. `loss` must be a scalar
 // unless a cotangent of its shape is given. The graph is released as it is consumed.
 void backward(const Tensor& loss, const Tensor& cotangent = Tensor());
+// How many input gradients backward passes have had added in place by the vjp that produced them
+// (Primitive::vjp_into) instead of by an add of their own, since the program started (for tests).
+uint64_t gradients_added_in_place();
 
 using Fn = std::function<std::vector<Tensor>(const std::vector<Tensor>&)>;
 

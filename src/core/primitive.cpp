@@ -11,6 +11,12 @@ std::vector<Tensor> Primitive::vjp(const Node&, const std::vector<Tensor>&, cons
   throw AutodiffError(std::string("op '") + name() + "' has no vjp");
 }
 
+std::vector<Tensor> Primitive::vjp_into(const Node& node, const std::vector<Tensor>& cotangents,
+                                        const std::vector<bool>& wanted, const std::vector<Tensor>&,
+                                        std::vector<bool>&) {
+  return vjp(node, cotangents, wanted);
+}
+
 std::vector<Tensor> Primitive::jvp(const Node&, const std::vector<Tensor>&) {
   throw AutodiffError(std::string("op '") + name() + "' has no jvp");
 }

@@ -30,6 +30,13 @@ class Primitive {
   // given the cotangents of the outputs (an undefined cotangent means zero). Runs with gradient recording off.
   virtual std::vector<Tensor> vjp(const Node& node, const std::vector<Tensor>& cotangents,
                                   const std::vector<bool>& wanted);
+  // vjp where input i has already collected the gradient into[i] in this backward pass (undefined where it has
+  // none, or where other tensors share its memory): a primitive may add its gradient for input i into into[i] in
+  // place (its kernel reads it, saving an add pass: RmsNorm), return into[i] there and set added[i]. The default
+  // runs vjp (the backward pass then adds).
+  virtual std::vector<Tensor> vjp_into(const Node& node, const std::vector<Tensor>& cotangents,
+                                       const std::vector<bool>& wanted, const std::vector<Tensor>& into,
+                                       std::vector<bool>& added);
   // Forward mode: tangents of the outputs given tangents of the inputs (undefined = zero).
   virtual std::vector<Tensor> jvp(const Node& node, const std::vector<Tensor>& tangents);
 };

@@ -90,6 +90,10 @@ void RmsNormGrad::eval_cpu(const std::vector<Tensor>& in, std::vector<Tensor>& o
       for (int64_t i = 0; i < C; ++i) s += double(gv[i]) * w[i] * xv[i];
       const float rstd = rp[r], coef = float(double(rstd) * rstd * rstd * s / double(C));
       for (int64_t i = 0; i < C; ++i) xv[i] = rstd * gv[i] * w[i] - coef * xv[i];
+      if (accumulate) {
+        cpu::load_row(dp + r * C * int64_t(de), out[0].dtype(), 1, C, gv.data());
+        for (int64_t i = 0; i < C; ++i) xv[i] += gv[i];
+      }
       cpu::store_row(dp + r * C * int64_t(de), out[0].dtype(), 1, C, xv.data());
     }
   });

@@ -22,7 +22,7 @@ struct NormPush {
   uint32_t vec = 0;
 };
 struct RmsGradPush {
-  uint32_t c, rows, x_off, w_off, rstd_off, g_off, dx_off, dtypes, vec;
+  uint32_t c, rows, x_off, w_off, rstd_off, g_off, dx_off, dtypes, vec, acc;
 };
 struct RopePush {
   uint32_t total, d, h, r, x_off, pos_off, freq_off, y_off, dtypes, interleaved, inverse, vec;
@@ -50,7 +50,7 @@ void rms_norm_rows(const Tensor& x_in, const Tensor& w_in, const Tensor& y, cons
 }
 
 void rms_norm_grad_rows(const Tensor& x_in, const Tensor& w_in, const Tensor& rstd_in, const Tensor& g_in,
-                        const Tensor& dx) {
+                        const Tensor& dx, bool accumulate) {
   if (dx.numel() == 0) return;
   require_dense(dx, "rms_norm_grad");
   Tensor x = dense(x_in), w = dense(w_in), rstd = dense(rstd_in), g = dense(g_in);
@@ -58,7 +58,8 @@ void rms_norm_grad_rows(const Tensor& x_in, const Tensor& w_in, const Tensor& rs
   int64_t c = x.shape().back();
   RmsGradPush p{u32(c, "row length"), u32(x.numel() / c, "rows"), elem_offset(x), elem_offset(w), elem_offset(rstd),
                 elem_offset(g), elem_offset(dx),
-                uint32_t(x.dtype()) | uint32_t(w.dtype()) << 4 | uint32_t(g.dtype()) << 8 | uint32_t(dx.dtype()) << 12, 0};
+                uint32_t(x.dtype()) | uint32_t(w.dtype()) << 4 | uint32_t(g.dtype()) << 8 | uint32_t(dx.dtype()) << 12,
+                0, accumulate ? 1u : 0u};
   p.vec = vector_paths() && p.c % 4 == 0 && p.x_off % 4 == 0 && p.w_off % 4 == 0 && p.g_off % 4 == 0 &&
           p.dx_off % 4 == 0;
   if (p.vec && p.c % 8 == 0 && p.x_off % 8 == 0 && p.w_off % 8 == 0 && p.g_off % 8 == 0 && p.dx_off % 8 == 0 &&
@@ -149,7 +150,7 @@ void RmsNorm::eval_vulkan(const std::vector<Tensor>& in, std::vector<Tensor>& ou
 }
 
 void RmsNormGrad::eval_vulkan(const std::vector<Tensor>& in, std::vector<Tensor>& out) {
-  vk::rms_norm_grad_rows(in[0], in[1], in[2], in[3], out[0]);
+  vk::rms_norm_grad_rows(in[0], in[1], in[2], in[3], out[0], accumulate);
 }
 
 void LayerNorm::eval_vulkan(const std::vector<Tensor>& in, std::vector<Tensor>& out) {

@@ -19,7 +19,8 @@ void cross_entropy_grad_rows(const Tensor& logits, const Tensor& targets, const 
 void rms_norm_rows(const Tensor& x, const Tensor& w, const Tensor& y, const Tensor& rstd, float eps);
 // bias may be undefined.
 // dx of RMSNorm from x, w, rstd [rows] and the cotangent g (kernels/rms_norm_grad.comp).
-void rms_norm_grad_rows(const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& g, const Tensor& dx);
+void rms_norm_grad_rows(const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& g, const Tensor& dx,
+                        bool accumulate);
 void layer_norm_rows(const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& y, const Tensor& mean,
                      const Tensor& rstd, float eps);
 void rope_apply(const Tensor& x, const Tensor& positions, const Tensor& inv_freq, const Tensor& y, bool interleaved,

@@ -44,6 +44,13 @@ void check_ids(const char* op, const Tensor& ids, int64_t vocab) {
 // ---- RMSNorm: y = x̂ w, x̂ = x rstd ----
 
 std::vector<Tensor> RmsNorm::vjp(const Node& node, const std::vector<Tensor>& cot, const std::vector<bool>& wanted) {
+  std::vector<bool> added(node.inputs.size());
+  return vjp_into(node, cot, wanted, std::vector<Tensor>(node.inputs.size()), added);
+}
+
+std::vector<Tensor> RmsNorm::vjp_into(const Node& node, const std::vector<Tensor>& cot,
+                                      const std::vector<bool>& wanted, const std::vector<Tensor>& into,
+                                      std::vector<bool>& added) {
   using namespace ops;
   const Tensor& x = node.inputs[0];
   const Tensor& w = node.inputs[1];
@@ -51,9 +58,16 @@ std::vector<Tensor> RmsNorm::vjp(const Node& node, const std::vector<Tensor>& co
   Tensor gx, gw;
   // The usual case (only y's cotangent, backward not itself recorded): one fused pass, no f32 temporaries.
   const bool fused = cot[0].defined() && !cot[1].defined() && !grad_enabled();
-  if (fused && wanted[0])
+  if (fused && wanted[0] && into[0].defined()) {  // into x's collected gradient, in place
+    std::vector<Tensor> dst{into[0]};
+    RmsNormGrad op(/*accumulate=*/true);
+    eval_on(x.device(), op, {contiguous(x), contiguous(w), contiguous(node.outputs[1]), contiguous(cot[0])}, dst);
+    gx = into[0];
+    added[0] = true;
+  } else if (fused && wanted[0]) {
     gx = apply(std::make_shared<RmsNormGrad>(), {x, w, node.outputs[1], contiguous(cot[0])},
                {{x.shape(), x.dtype()}})[0];
+  }
   if (fused && !wanted[1]) return {gx, gw};
   Tensor xhat = mul(f32(x), rstd);
   if (cot[0].defined()) {

@@ -17,18 +17,24 @@ class RmsNorm final : public Primitive {
   bool has_jvp() const override { return true; }
   bool vjp_needs_outputs() const override { return true; }
   std::vector<Tensor> vjp(const Node& node, const std::vector<Tensor>& cot, const std::vector<bool>& wanted) override;
+  // The fused gradient pass adds dx into x's collected gradient (the residual stream's).
+  std::vector<Tensor> vjp_into(const Node& node, const std::vector<Tensor>& cot, const std::vector<bool>& wanted,
+                               const std::vector<Tensor>& into, std::vector<bool>& added) override;
   std::vector<Tensor> jvp(const Node& node, const std::vector<Tensor>& t) override;
   float eps;
 };
 
 // The input gradient of RmsNorm in one pass over the rows: inputs x, w, rstd (RmsNorm's second output) and the
 // cotangent g of y; output dx (x's dtype) = rstd (ĝ - x̂ mean(ĝ x̂)), ĝ = g w, x̂ = x rstd, in f32. Only run by
-// RmsNorm::vjp, under NoGrad (backward is never differentiated), so it has no vjp or jvp of its own.
+// RmsNorm::vjp, under NoGrad (backward is never differentiated), so it has no vjp or jvp of its own. With
+// accumulate, dx is added to the output's contents (RmsNorm::vjp_into).
 class RmsNormGrad final : public Primitive {
  public:
+  explicit RmsNormGrad(bool accumulate = false) : accumulate(accumulate) {}
   const char* name() const override { return "rms_norm_grad"; }
   void eval_cpu(const std::vector<Tensor>& in, std::vector<Tensor>& out) override;
   void eval_vulkan(const std::vector<Tensor>& in, std::vector<Tensor>& out) override;
+  const bool accumulate;
 };
 
 // y = (x - mean) * rstd * w + b over the last axis. Outputs: y, mean f32 [...], rstd f32 [...].
