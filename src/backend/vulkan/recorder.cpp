@@ -429,14 +429,12 @@ void Recorder::poll() {
 }
 
 void Recorder::wait(uint64_t serial) {
-  if (serial <= completed_) {
-    if (completed_ >= submitted_) batch_limit_ = kFirstBatch;
-    return;
-  }
-  if (open_ && serial >= serial_) flush();
-  for (int i = 0; i < kSlots; ++i) {
-    Slot& s = slots_[(current_ + i) % kSlots];
-    if (s.submitted && s.serial <= serial) retire(s, true);
+  if (serial > completed_) {
+    if (open_ && serial >= serial_) flush();
+    for (int i = 0; i < kSlots; ++i) {
+      Slot& s = slots_[(current_ + i) % kSlots];
+      if (s.submitted && s.serial <= serial) retire(s, true);
+    }
   }
   if (completed_ >= submitted_) batch_limit_ = kFirstBatch;  // the GPU is idle: start it soon (see recorder.h)
 }

@@ -58,15 +58,17 @@ std::vector<Tensor> RmsNorm::vjp_into(const Node& node, const std::vector<Tensor
   Tensor gx, gw;
   // The usual case (only y's cotangent, backward not itself recorded): one fused pass, no f32 temporaries.
   const bool fused = cot[0].defined() && !cot[1].defined() && !grad_enabled();
-  if (fused && wanted[0] && into[0].defined()) {  // into x's collected gradient, in place
-    std::vector<Tensor> dst{into[0]};
-    RmsNormGrad op(/*accumulate=*/true);
-    eval_on(x.device(), op, {contiguous(x), contiguous(w), contiguous(node.outputs[1]), contiguous(cot[0])}, dst);
-    gx = into[0];
-    added[0] = true;
-  } else if (fused && wanted[0]) {
-    gx = apply(std::make_shared<RmsNormGrad>(), {x, w, node.outputs[1], contiguous(cot[0])},
-               {{x.shape(), x.dtype()}})[0];
+  if (fused && wanted[0]) {
+    const std::vector<Tensor> in{x, w, node.outputs[1], contiguous(cot[0])};
+    if (into[0].defined()) {  // added into x's collected gradient, in place
+      std::vector<Tensor> dst{into[0]};
+      RmsNormGrad op(/*accumulate=*/true);
+      eval_on(x.device(), op, in, dst);
+      gx = into[0];
+      added[0] = true;
+    } else {
+      gx = apply(std::make_shared<RmsNormGrad>(), in, {{x.shape(), x.dtype()}})[0];
+    }
   }
   if (fused && !wanted[1]) return {gx, gw};
   Tensor xhat = mul(f32(x), rstd);
