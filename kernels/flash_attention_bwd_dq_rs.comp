@@ -1,16 +1,27 @@
 #version 450
 // Fused attention backward, dQ, on tensor cores with the scores in registers (the contract of
 // flash_attention_bwd_dq_cm.comp, the fragment layout of flash_attention_fwd_rs.comp): one workgroup of 8
-// subgroups per (block of 128 rows, kv head, batch), a subgroup per 16 rows holding its Q and dO rows as f16 A
-// fragments. Per block of BC keys: S = Q K^T and dP = dO V^T in accumulators, dS = scale P (dP - delta) on their
+// subgroups per (block of 8 / NSPLIT x 16 rows, kv head, batch), NSPLIT subgroups per 16 rows holding their part
+// of its Q and dO rows as f16 A fragments (flash_attention_rs.glsl). Per block of BC keys: S = Q K^T and
+// dP = dO V^T in accumulators (partial sums added up across the group), dS = scale P (dP - delta) on their
 // elements (times 1 - tanh^2 where soft-capped), dQ += dS K with dS as an f16 fragment of the same layout.
 #ifndef FLASH_WG
 #define FLASH_WG 256
 #endif
+#ifndef BLOCK_KEYS
+#define BLOCK_KEYS 32
+#endif
+#define XCH_SLOTS (2 * BLOCK_KEYS / 16)
 #include "flash_attention_cm.glsl"
+#include "flash_attention_rs.glsl"
 
-const uint BC = 32u;                      // keys per block
-const uint BR = NSG * 16u;                // rows per workgroup
+// K/V tile, output staging, exchange, key flags: past 48 KiB NVIDIA loses the device.
+#if 2 * BLOCK_KEYS * (DMAX + 8) * 2 + FLASH_WG / 32 * 16 * 20 * 4 + XCH_BYTES + BLOCK_KEYS * 8 > 49152
+#error "flash_attention_bwd_dq_rs: shared memory over 48 KiB"
+#endif
+
+const uint BC = BLOCK_KEYS;               // keys per block
+const uint BR = NGRP * 16u;               // rows per workgroup
 const uint FST = 20u;                     // f32 stride of a subgroup's 16x16 dQ fragment
 const uint NCH = BC * (DMAX / 8u) / WG;   // 8-element chunks per invocation of a K or V tile
 const uint QPASS = BR / (2u * BC);        // Q (then dO) staged through the K/V tile in passes of 2 BC rows
@@ -22,13 +33,14 @@ shared int key_doc[BC];
 
 void main() {
   const uint tid = gl_LocalInvocationIndex, sg = gl_SubgroupID, lane = gl_SubgroupInvocationID;
+  const uint grp = sg / NSPLIT, part = sg % NSPLIT;  // this subgroup's 16 rows, and its part of the head dims
   // The last row blocks see the most keys under a causal mask: they start first.
   const uvec3 id = block_major_id();
   const uint b = id.z, kv = id.y, r0 = (gl_NumWorkGroups.x - 1u - id.x) * BR;
   const uint G = p.H / p.KV, rows = p.T * G;
 
   // Q, then dO rows into A fragments, 2 BC rows per pass through the K/V tile.
-  F16M qa[FD], oa[FD];
+  F16M qa[FP], oa[FP];
   uvec4 wk[NCH], wv[NCH];
 #define ROW_T(R0) (min((R0) + r, rows - 1u) / G)
 #define ROW_H(R0) (kv * G + min((R0) + r, rows - 1u) % G)
@@ -46,9 +58,9 @@ void main() {
     STORE_CHUNKS(NCH, wk, f_dt, kv_s, 0u, q0 + r < rows)
     STORE_CHUNKS(NCH, wv, f_dt, kv_s, BC * DS, q0 + BC + r < rows)
     barrier();
-    if (sg / (2u * BC / 16u) == pass % QPASS) {
-      const uint at = (sg % (2u * BC / 16u)) * 16u * DS;
-      [[unroll]] for (uint f = 0; f < FD; ++f) {
+    if (grp / (2u * BC / 16u) == pass % QPASS) {
+      const uint at = (grp % (2u * BC / 16u)) * 16u * DS + part * FP * 2u;
+      [[unroll]] for (uint f = 0; f < FP; ++f) {
         if (pass < QPASS) coopMatLoadNV(qa[f], kv_s, at + f * 2u, DS, false);
         else coopMatLoadNV(oa[f], kv_s, at + f * 2u, DS, false);
       }
@@ -60,7 +72,7 @@ void main() {
   int qpos[2], doc[2];
   float lse[2], delta[2];
   [[unroll]] for (uint h = 0; h < 2u; ++h) {
-    const uint row = r0 + sg * 16u + frag_row(lane, h * 4u);
+    const uint row = r0 + grp * 16u + frag_row(lane, h * 4u);
     row_ok[h] = row < rows;
     const uint t = min(row, rows - 1u) / G, hd = kv * G + min(row, rows - 1u) % G;
     qpos[h] = int(t) + p.q_offset;
@@ -69,8 +81,8 @@ void main() {
     delta[h] = LD_F32(DELTA, p.delta_off + bht(b, hd, t));
   }
   const ivec2 keys = key_range(r0 / G, (min(r0 + BR, rows) - 1u) / G);
-  F32M dq[FD];
-  [[unroll]] for (uint f = 0; f < FD; ++f) dq[f] = F32M(0.0);
+  F32M dq[FP];
+  [[unroll]] for (uint f = 0; f < FP; ++f) dq[f] = F32M(0.0);
 
   for (int jb = keys.x; jb < keys.y; jb += int(BC)) {
     STAGE_KEY_BLOCK(jb)
@@ -83,13 +95,22 @@ void main() {
     F16M da[BC / 16u];
     [[unroll]] for (uint nb = 0; nb < BC / 16u; ++nb) {
       F32M s = F32M(0.0), dp = F32M(0.0);
-      [[unroll]] for (uint f = 0; f < FD; ++f) {
+      [[unroll]] for (uint f = 0; f < FP; ++f) {
         F16M kb, vb;
-        coopMatLoadNV(kb, kv_s, nb * 16u * DS + f * 2u, DS, true);
-        coopMatLoadNV(vb, kv_s, (BC + nb * 16u) * DS + f * 2u, DS, true);
+        coopMatLoadNV(kb, kv_s, nb * 16u * DS + (part * FP + f) * 2u, DS, true);
+        coopMatLoadNV(vb, kv_s, (BC + nb * 16u) * DS + (part * FP + f) * 2u, DS, true);
         s = coopMatMulAddNV(qa[f], kb, s);
         dp = coopMatMulAddNV(oa[f], vb, dp);
       }
+#if NSPLIT > 1
+      // The group's partial sums added up (slots per key fragment: the next block's puts come after its staging
+      // barriers).
+      XCH_PUT(2u * nb, s)
+      XCH_PUT(2u * nb + 1u, dp)
+      barrier();
+      XCH_SUM(2u * nb, s)
+      XCH_SUM(2u * nb + 1u, dp)
+#endif
       float dsv[8];
       [[unroll]] for (uint e = 0; e < 8u; ++e) {
         const uint h = e / 4u;
@@ -109,20 +130,21 @@ void main() {
 
     // dQ += dS K.
     [[unroll]] for (uint kb = 0; kb < BC / 16u; ++kb)
-      [[unroll]] for (uint f = 0; f < FD; ++f) {
+      [[unroll]] for (uint f = 0; f < FP; ++f) {
         F16M kr;
-        coopMatLoadNV(kr, kv_s, kb * 16u * DS + f * 2u, DS, false);
+        coopMatLoadNV(kr, kv_s, kb * 16u * DS + (part * FP + f) * 2u, DS, false);
         dq[f] = coopMatMulAddNV(da[kb], kr, dq[f]);
       }
   }
 
   // dQ a fragment at a time through shared memory: lane (row lr, dims f 16 + half 8 ..) writes 8 values.
-  const uint lr = lane % 16u, half_ = lane / 16u, row = r0 + sg * 16u + lr;
+  const uint lr = lane % 16u, half_ = lane / 16u, row = r0 + grp * 16u + lr;
   const uint at = bth(b, min(row, rows - 1u) / G, kv * G + min(row, rows - 1u) % G, p.H, p.T);
   const uint obase = sg * 16u * FST / 4u;
-  [[unroll]] for (uint f = 0; f < FD; ++f) {
+  [[unroll]] for (uint fp = 0; fp < FP; ++fp) {
+    const uint f = part * FP + fp;
     subgroup_sync();
-    coopMatStoreNV(dq[f], out_s, obase, FST / 4u, false);
+    coopMatStoreNV(dq[fp], out_s, obase, FST / 4u, false);
     subgroup_sync();
     const uint fa = obase + (lr * FST + half_ * 8u) / 4u;
     const vec4 lo = uintBitsToFloat(out_s[fa]), hi = uintBitsToFloat(out_s[fa + 1u]);

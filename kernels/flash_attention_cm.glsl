@@ -194,20 +194,23 @@ bool voted(uint slots, out int doc) {
 
 // The key-block loops of the forward and dQ kernels (both families) start with this: K and V rows jb .. jb + BC
 // into kv_s (all loads in flight before the stores), a usable / document flag per key (a lane of subgroup 0 each,
-// BC == 32) into key_ok / key_doc, and the block's vote: keys_plain says every key is usable and of document
-// block_doc. Declares key_in, kdoc, block_doc and keys_plain.
+// BC <= 32; lanes past BC repeat the last key, which leaves the vote as it is) into key_ok / key_doc, and the
+// block's vote: keys_plain says every key is usable and of document block_doc. Declares key_in, kdoc, block_doc
+// and keys_plain.
 #define STAGE_KEY_BLOCK(jb)                                                                              \
     LOAD_CHUNKS(NCH, wk, K, 1, uint(jb) + r < p.S, k_at(b, min(uint(jb) + r, p.S - 1u), kv, d0))     \
     LOAD_CHUNKS(NCH, wv, V, 2, uint(jb) + r < p.S, v_at(b, min(uint(jb) + r, p.S - 1u), kv, d0))     \
-    const uint kj = uint(jb) + lane;                                                                 \
+    const uint kj = uint(jb) + min(lane, BC - 1u);                                                   \
     const bool key_in = int(kj) < keys.y && key_usable(b, kj);                                       \
     const int kdoc = kj < p.S ? doc_of(b, kj) : 0;                                                   \
     barrier();                                                                                       \
     STORE_CHUNKS(NCH, wk, 1, kv_s, 0u, uint(jb) + r < p.S)                                           \
     STORE_CHUNKS(NCH, wv, 2, kv_s, BC * DS, uint(jb) + r < p.S)                                      \
     if (sg == 0u) {                                                                                  \
-      key_ok[lane] = key_in;                                                                         \
-      key_doc[lane] = kdoc;                                                                          \
+      if (lane < BC) {                                                                               \
+        key_ok[lane] = key_in;                                                                       \
+        key_doc[lane] = kdoc;                                                                        \
+      }                                                                                              \
       vote(0u, key_in, kdoc);                                                                        \
     }                                                                                                \
     barrier();                                                                                       \

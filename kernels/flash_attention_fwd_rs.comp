@@ -5,15 +5,27 @@
 // the same order for f32 accumulators and f16 operands), S = Q K^T stays in its accumulators: masks, row maxima
 // (over the 4 lanes of a row), exponentials and the rescaling of O run on the fragments' elements, and P goes
 // into the P V product as an f16 fragment of the same layout. No score leaves the registers; per block of BC keys
-// the workgroup shares only the K and V tiles. One workgroup of 8 subgroups per (block of 128 rows, kv head,
-// batch), a subgroup per 16 rows; lazy rescaling as in flash_attention_fwd_cm.comp.
+// the workgroup shares only the K and V tiles. One workgroup of 8 subgroups per (block of 8 / NSPLIT x 16 rows,
+// kv head, batch), NSPLIT subgroups per 16 rows (flash_attention_rs.glsl: at NSPLIT 2 each owns half the head
+// dims of Q and O, and the pair adds its partial scores through shared memory); lazy rescaling as in
+// flash_attention_fwd_cm.comp.
 #ifndef FLASH_WG
 #define FLASH_WG 256
 #endif
+#ifndef BLOCK_KEYS
+#define BLOCK_KEYS 32
+#endif
+#define XCH_SLOTS (BLOCK_KEYS / 16)
 #include "flash_attention_cm.glsl"
+#include "flash_attention_rs.glsl"
 
-const uint BC = 32u;                          // keys per block
-const uint BR = NSG * 16u;                    // rows per workgroup
+// K/V tile, output staging, 1 / l per row, exchange, key flags: past 48 KiB NVIDIA loses the device.
+#if 2 * BLOCK_KEYS * (DMAX + 8) * 2 + FLASH_WG / 32 * 16 * (20 + 1) * 4 + XCH_BYTES + BLOCK_KEYS * 8 > 49152
+#error "flash_attention_fwd_rs: shared memory over 48 KiB"
+#endif
+
+const uint BC = BLOCK_KEYS;                   // keys per block
+const uint BR = NGRP * 16u;                   // rows per workgroup
 const uint FST = 20u;                         // f32 stride of a subgroup's 16x16 output fragment
 const float TAU = 8.0;                        // lazy rescaling threshold (e^8 = 2981)
 const uint NCH = BC * (DMAX / 8u) / WG;       // 8-element chunks per invocation of a K or V tile
@@ -27,13 +39,14 @@ shared int key_doc[BC];
 
 void main() {
   const uint tid = gl_LocalInvocationIndex, sg = gl_SubgroupID, lane = gl_SubgroupInvocationID;
+  const uint grp = sg / NSPLIT, part = sg % NSPLIT;  // this subgroup's 16 rows, and its part of the head dims
   // The last row blocks see the most keys under a causal mask: they start first.
   const uvec3 id = block_major_id();
   const uint b = id.z, kv = id.y, r0 = (gl_NumWorkGroups.x - 1u - id.x) * BR;
   const uint G = p.H / p.KV, rows = p.T * G;
 
   // Q rows into fragments (the A operand of S = Q K^T), 2 BC rows per pass through the K/V tile.
-  F16M qa[FD];
+  F16M qa[FP];
   uvec4 wk[NCH], wv[NCH];
   for (uint pass = 0; pass < QPASS; ++pass) {
     const uint q0 = r0 + pass * 2u * BC;
@@ -44,9 +57,9 @@ void main() {
     STORE_CHUNKS(NCH, wk, 0, kv_s, 0u, q0 + r < rows)
     STORE_CHUNKS(NCH, wv, 0, kv_s, BC * DS, q0 + BC + r < rows)
     barrier();
-    if (sg / (2u * BC / 16u) == pass)
-      [[unroll]] for (uint f = 0; f < FD; ++f)
-        coopMatLoadNV(qa[f], kv_s, (sg % (2u * BC / 16u)) * 16u * DS + f * 2u, DS, false);
+    if (grp / (2u * BC / 16u) == pass)
+      [[unroll]] for (uint f = 0; f < FP; ++f)
+        coopMatLoadNV(qa[f], kv_s, (grp % (2u * BC / 16u)) * 16u * DS + (part * FP + f) * 2u, DS, false);
   }
 
   // This lane's two rows (fragment rows l/4 and l/4 + 8): index 0 and 1 of the arrays below.
@@ -54,15 +67,15 @@ void main() {
   int qpos[2], doc[2];
   float m[2] = float[2](NEG_INF, NEG_INF), l[2] = float[2](0.0, 0.0);  // l: this lane's part of the row sum
   [[unroll]] for (uint h = 0; h < 2u; ++h) {
-    const uint row = r0 + sg * 16u + frag_row(lane, h * 4u);
+    const uint row = r0 + grp * 16u + frag_row(lane, h * 4u);
     row_ok[h] = row < rows;
     const uint t = min(row, rows - 1u) / G;
     qpos[h] = int(t) + p.q_offset;
     doc[h] = doc_of(b, t);
   }
   const ivec2 keys = key_range(r0 / G, (min(r0 + BR, rows) - 1u) / G);
-  F32M oacc[FD];
-  [[unroll]] for (uint f = 0; f < FD; ++f) oacc[f] = F32M(0.0);
+  F32M oacc[FP];
+  [[unroll]] for (uint f = 0; f < FP; ++f) oacc[f] = F32M(0.0);
 
   for (int jb = keys.x; jb < keys.y; jb += int(BC)) {
     STAGE_KEY_BLOCK(jb)
@@ -71,12 +84,18 @@ void main() {
     F32M s[BC / 16u];
     [[unroll]] for (uint nb = 0; nb < BC / 16u; ++nb) {
       s[nb] = F32M(0.0);
-      [[unroll]] for (uint f = 0; f < FD; ++f) {
+      [[unroll]] for (uint f = 0; f < FP; ++f) {
         F16M kb;
-        coopMatLoadNV(kb, kv_s, nb * 16u * DS + f * 2u, DS, true);
+        coopMatLoadNV(kb, kv_s, nb * 16u * DS + (part * FP + f) * 2u, DS, true);
         s[nb] = coopMatMulAddNV(qa[f], kb, s[nb]);
       }
     }
+#if NSPLIT > 1
+    // The group's partial scores added up (the next block's puts come after its staging barriers).
+    [[unroll]] for (uint nb = 0; nb < BC / 16u; ++nb) XCH_PUT(nb, s[nb])
+    barrier();
+    [[unroll]] for (uint nb = 0; nb < BC / 16u; ++nb) XCH_SUM(nb, s[nb])
+#endif
 
     // Masks and the online softmax on the elements; a row's maximum over its 4 lanes.
     bool whole[2];
@@ -108,7 +127,7 @@ void main() {
       l[h] *= alpha[h];
     }
     if (subgroupAny(moved))
-      [[unroll]] for (uint f = 0; f < FD; ++f)
+      [[unroll]] for (uint f = 0; f < FP; ++f)
         [[unroll]] for (uint e = 0; e < 8u; ++e) oacc[f][e] *= alpha[e / 4u];
     F16M pa[BC / 16u];
     [[unroll]] for (uint nb = 0; nb < BC / 16u; ++nb)
@@ -120,9 +139,9 @@ void main() {
 
     // O += P V.
     [[unroll]] for (uint kb = 0; kb < BC / 16u; ++kb)
-      [[unroll]] for (uint f = 0; f < FD; ++f) {
+      [[unroll]] for (uint f = 0; f < FP; ++f) {
         F16M vb;
-        coopMatLoadNV(vb, kv_s, (BC + kb * 16u) * DS + f * 2u, DS, false);
+        coopMatLoadNV(vb, kv_s, (BC + kb * 16u) * DS + (part * FP + f) * 2u, DS, false);
         oacc[f] = coopMatMulAddNV(pa[kb], vb, oacc[f]);
       }
   }
@@ -133,19 +152,20 @@ void main() {
     const uint lrow = frag_row(lane, h * 4u);
     if (lane % 4u == 0u) {
       inv_s[sg * 16u + lrow] = lsum > 0.0 ? 1.0 / lsum : 0.0;  // a row that saw no key outputs 0
-      const uint row = r0 + sg * 16u + lrow;
-      if (row_ok[h])
+      const uint row = r0 + grp * 16u + lrow;
+      if (row_ok[h] && part == 0u)
         ST_F32(LSE, p.lse_off + bht(b, kv * G + row % G, row / G), lsum > 0.0 ? m[h] + log(lsum) : NEG_INF);
     }
   }
 
   // O / l, a fragment at a time through shared memory: lane (row lr, dims f 16 + half 8 ..) writes 8 values.
-  const uint lr = lane % 16u, half_ = lane / 16u, row = r0 + sg * 16u + lr;
+  const uint lr = lane % 16u, half_ = lane / 16u, row = r0 + grp * 16u + lr;
   const uint at = bth(b, min(row, rows - 1u) / G, kv * G + row % G, p.H, p.T);
   const uint obase = sg * 16u * FST / 4u;
-  [[unroll]] for (uint f = 0; f < FD; ++f) {
+  [[unroll]] for (uint fp = 0; fp < FP; ++fp) {
+    const uint f = part * FP + fp;
     subgroup_sync();
-    coopMatStoreNV(oacc[f], out_s, obase, FST / 4u, false);
+    coopMatStoreNV(oacc[fp], out_s, obase, FST / 4u, false);
     subgroup_sync();
     const float inv = inv_s[sg * 16u + lr];
     const uint fa = obase + (lr * FST + half_ * 8u) / 4u;

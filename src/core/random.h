@@ -30,6 +30,18 @@ class Rng {
     return r * std::cos(2.0 * M_PI * u2);
   }
   uint64_t state() const { return state_; }
+
+  // Elements [begin, end) of the sequence normal() gives from a fresh Rng(seed), times stddev, without drawing the
+  // ones before: splitmix64's n-th output depends on n alone, so disjoint ranges can be filled by separate threads.
+  static void fill_normal(float* out, uint64_t begin, uint64_t end, uint64_t seed, float stddev) {
+    for (uint64_t i = begin; i < end;) {
+      const uint64_t pair = i / 2;  // normals 2k and 2k + 1 come from outputs 2k + 1 and 2k + 2
+      Rng r(seed + 2 * pair * 0x9e3779b97f4a7c15ull);
+      const double a = r.normal(), b = r.normal();
+      if (i % 2 == 0) out[i++ - begin] = float(a * stddev);
+      if (i < end) out[i++ - begin] = float(b * stddev);
+    }
+  }
   void set_state(uint64_t s) { state_ = s; has_spare_ = false; }
 
  private:

@@ -109,9 +109,8 @@ Tensor Tensor::full(const Shape& shape, float value, DType dtype, Device device)
 Tensor Tensor::zeros(const Shape& shape, DType dtype, Device device) { return full(shape, 0.0f, dtype, device); }
 
 Tensor Tensor::randn(const Shape& shape, uint64_t seed, float stddev, DType dtype, Device device) {
-  Rng rng(seed);
   std::vector<float> v(static_cast<size_t>(lmtune::numel(shape)));
-  for (float& x : v) x = float(rng.normal() * stddev);
+  Rng::fill_normal(v.data(), 0, v.size(), seed, stddev);
   return from_floats(v, shape, dtype, device);
 }
 

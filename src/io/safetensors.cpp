@@ -379,19 +379,18 @@ struct Prepared {
   std::vector<size_t> order;   // tensors in data order
 };
 
-Prepared prepare(std::span<const TensorToWrite> tensors, const std::map<std::string, std::string>& metadata,
+// The header and data order of tensors with the given names, dtypes and shapes (their data sizes follow).
+Prepared prepare(std::span<const TensorToStream> tensors, const std::map<std::string, std::string>& metadata,
                  const fs::path& path) {
   const std::string where = path.string();
   std::set<std::string_view> seen;
-  for (const TensorToWrite& t : tensors) {
+  std::vector<uint64_t> sizes(tensors.size());
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const TensorToStream& t = tensors[i];
     std::string ctx = where + ": tensor '" + t.name + "': ";
     if (t.name == "__metadata__") throw FileError(ctx + "the name __metadata__ is reserved");
     if (!seen.insert(t.name).second) throw FileError(ctx + "duplicate tensor name");
-    uint64_t nbytes = 0;
-    if (auto problem = tensor_nbytes(t.shape, t.dtype, nbytes)) throw FileError(ctx + *problem);
-    if (t.data.size() != nbytes)
-      throw FileError(ctx + "has " + std::to_string(t.data.size()) + " bytes of data but shape " + to_string(t.shape) +
-                      " × " + std::string(st_dtype_name(t.dtype)) + " needs " + std::to_string(nbytes));
+    if (auto problem = tensor_nbytes(t.shape, t.dtype, sizes[i])) throw FileError(ctx + *problem);
   }
   Prepared p;
   p.order.resize(tensors.size());
@@ -409,13 +408,13 @@ Prepared prepare(std::span<const TensorToWrite> tensors, const std::map<std::str
   }
   uint64_t offset = 0;
   for (size_t i : p.order) {
-    const TensorToWrite& t = tensors[i];
+    const TensorToStream& t = tensors[i];
     nlohmann::ordered_json info = nlohmann::ordered_json::object();
     info["dtype"] = std::string(st_dtype_name(t.dtype));
     info["shape"] = t.shape;
-    info["data_offsets"] = {offset, offset + t.data.size()};
+    info["data_offsets"] = {offset, offset + sizes[i]};
     header[t.name] = std::move(info);
-    offset += t.data.size();
+    offset += sizes[i];
   }
   try {
     p.header = header.dump();
@@ -427,6 +426,22 @@ Prepared prepare(std::span<const TensorToWrite> tensors, const std::map<std::str
     throw FileError(where + ": header of " + std::to_string(p.header.size()) + " bytes exceeds the limit of " +
                     std::to_string(kMaxHeaderSize));
   return p;
+}
+
+// prepare() for tensors whose data is at hand: each one's byte count checked against its shape first.
+Prepared prepare(std::span<const TensorToWrite> tensors, const std::map<std::string, std::string>& metadata,
+                 const fs::path& path) {
+  std::vector<TensorToStream> heads;
+  heads.reserve(tensors.size());
+  for (const TensorToWrite& t : tensors) {
+    uint64_t nbytes = 0;
+    if (!tensor_nbytes(t.shape, t.dtype, nbytes) && t.data.size() != nbytes)
+      throw FileError(path.string() + ": tensor '" + t.name + "': has " + std::to_string(t.data.size()) +
+                      " bytes of data but shape " + to_string(t.shape) + " × " + std::string(st_dtype_name(t.dtype)) +
+                      " needs " + std::to_string(nbytes));
+    heads.push_back({t.name, t.dtype, t.shape});
+  }
+  return prepare(std::span<const TensorToStream>(heads), metadata, path);
 }
 
 }  // namespace
@@ -458,6 +473,25 @@ void write_safetensors(const fs::path& path, std::span<const TensorToWrite> tens
   w.write(&n, 8);
   w.write(std::string_view(p.header));
   for (size_t i : p.order) w.write(tensors[i].data);
+  w.commit();
+}
+
+void write_safetensors_streamed(const fs::path& path, std::span<const TensorToStream> tensors,
+                                const std::map<std::string, std::string>& metadata,
+                                const std::function<void(size_t, std::span<std::byte>)>& fill) {
+  Prepared p = prepare(tensors, metadata, path);
+  AtomicFileWriter w(path);
+  uint64_t n = p.header.size();
+  w.write(&n, 8);
+  w.write(std::string_view(p.header));
+  std::vector<std::byte> data;
+  for (size_t i : p.order) {
+    uint64_t nbytes = 0;
+    tensor_nbytes(tensors[i].shape, tensors[i].dtype, nbytes);
+    data.resize(nbytes);
+    fill(i, data);
+    w.write(data);
+  }
   w.commit();
 }
 

@@ -5,6 +5,7 @@
 #pragma once
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <optional>
 #include <span>
@@ -115,6 +116,18 @@ std::vector<std::byte> serialize_safetensors(std::span<const TensorToWrite> tens
 // Writes serialize_safetensors(...) to `path` atomically (see AtomicFileWriter).
 void write_safetensors(const std::filesystem::path& path, std::span<const TensorToWrite> tensors,
                        const std::map<std::string, std::string>& metadata = {});
+
+// A tensor whose bytes are made while its file is written.
+struct TensorToStream {
+  std::string name;
+  StDType dtype = StDType::F32;
+  Shape shape;
+};
+// The same file as write_safetensors, with tensor i's bytes written by fill(i, out) (out: numel × dtype size
+// bytes), called once per tensor in file order: one tensor's bytes in memory at a time.
+void write_safetensors_streamed(const std::filesystem::path& path, std::span<const TensorToStream> tensors,
+                                const std::map<std::string, std::string>& metadata,
+                                const std::function<void(size_t, std::span<std::byte>)>& fill);
 
 // f32 <-> f16 <-> bf16 (and i32) conversions of raw little-endian element bytes (round to nearest even).
 // Throws ShapeError when the byte count is not a multiple of the element size.

@@ -192,9 +192,7 @@ InitResult init_model_dir(const InitOptions& o) {
   json config_json = hf_config_json(config, preset);
   write_file_atomic(o.out / "config.json", config_json.dump(2) + "\n");
   write_file_atomic(o.out / "generation_config.json", hf_generation_config_json(config).dump(2) + "\n");
-  // The RNG runs on the host, so initialising on the CPU gives the same model as any device would.
-  DecoderWeights w = init_weights(config, o.seed, std, dtype, Device::cpu());
-  save_weights(config, w, o.out, dtype);
+  save_random_weights(config, o.seed, std, o.out, dtype);
   if (has_tokenizer) copy_tokenizer_files(o.tokenizer_dir, o.out);
   return {config, parameter_count(config), dtype};
 }

@@ -8,8 +8,10 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
+#include "backend/cpu/cpu_backend.h"
 #include "core/backend.h"
 #include "core/error.h"
+#include "core/random.h"
 #include "io/atomic_file.h"
 #include "io/safetensors.h"
 
@@ -156,19 +158,17 @@ Decoder load_decoder(const fs::path& model_dir, DType weight_dtype, DType comput
   return Decoder(std::move(config), std::move(w), compute_dtype);
 }
 
-void save_weights(const ModelConfig& config, const DecoderWeights& weights, const fs::path& dir, DType dtype,
-                  uint64_t max_shard_bytes) {
+namespace {
+
+// Writes the parameters `params` of a model in the plain HF layout into `dir` (model.safetensors, or shards of at
+// most max_shard_bytes and their index), each tensor's bytes in `dtype` made by fill(param, out) as it is
+// written.
+void write_weight_files(const std::vector<ParamRef>& params, const fs::path& dir, DType dtype,
+                        uint64_t max_shard_bytes, const std::function<void(const ParamRef&, std::span<std::byte>)>& fill) {
   if (!is_float(dtype)) throw ConfigError("save_weights: dtype must be f32, f16 or bf16");
-  DecoderWeights copy = weights;  // handles only; parameter_map wants mutable slots
-  std::vector<ParamRef> params = parameter_map(config, copy);
-  // Group into shards in map order.
-  std::vector<std::vector<const ParamRef*>> shards(1);
+  std::vector<std::vector<const ParamRef*>> shards(1);  // in map order
   uint64_t in_shard = 0;
   for (const ParamRef& p : params) {
-    if (!p.slot->defined()) throw ShapeError("save_weights: parameter '" + p.name + "' is not set");
-    if (p.slot->shape() != p.shape)
-      throw ShapeError("save_weights: parameter '" + p.name + "' has shape " + to_string(p.slot->shape()) +
-                       ", the config implies " + to_string(p.shape));
     uint64_t bytes = uint64_t(numel(p.shape)) * dtype_size(dtype);
     if (in_shard > 0 && in_shard + bytes > max_shard_bytes) {
       shards.emplace_back();
@@ -187,17 +187,14 @@ void save_weights(const ModelConfig& config, const DecoderWeights& weights, cons
       std::snprintf(fname, sizeof fname, "model.safetensors");
     else
       std::snprintf(fname, sizeof fname, "model-%05zu-of-%05zu.safetensors", s + 1, shards.size());
-    std::vector<std::vector<std::byte>> data;
-    data.reserve(shards[s].size());
-    std::vector<TensorToWrite> entries;
+    std::vector<TensorToStream> entries;
     for (const ParamRef* p : shards[s]) {
-      std::vector<float> values = p->slot->to_floats();
-      data.push_back(convert_from_f32(values, dtype));
-      entries.push_back({p->name, to_st_dtype(dtype), p->shape, data.back()});
+      entries.push_back({p->name, to_st_dtype(dtype), p->shape});
       weight_map[p->name] = fname;
-      total += data.back().size();
+      total += uint64_t(numel(p->shape)) * dtype_size(dtype);
     }
-    write_safetensors(dir / fname, entries, metadata);
+    write_safetensors_streamed(dir / fname, entries, metadata,
+                               [&](size_t i, std::span<std::byte> out) { fill(*shards[s][i], out); });
   }
   if (shards.size() > 1) {
     nlohmann::json index = {{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}};
@@ -208,6 +205,48 @@ void save_weights(const ModelConfig& config, const DecoderWeights& weights, cons
   }
 }
 
+// The seed of the k-th parameter (1-based, map order) of a model initialised with `seed`.
+uint64_t param_seed(uint64_t seed, uint64_t k) { return seed * 0x9e3779b97f4a7c15ull + k; }
+
+}  // namespace
+
+void save_weights(const ModelConfig& config, const DecoderWeights& weights, const fs::path& dir, DType dtype,
+                  uint64_t max_shard_bytes) {
+  DecoderWeights copy = weights;  // handles only; parameter_map wants mutable slots
+  std::vector<ParamRef> params = parameter_map(config, copy);
+  for (const ParamRef& p : params) {
+    if (!p.slot->defined()) throw ShapeError("save_weights: parameter '" + p.name + "' is not set");
+    if (p.slot->shape() != p.shape)
+      throw ShapeError("save_weights: parameter '" + p.name + "' has shape " + to_string(p.slot->shape()) +
+                       ", the config implies " + to_string(p.shape));
+  }
+  write_weight_files(params, dir, dtype, max_shard_bytes, [&](const ParamRef& p, std::span<std::byte> out) {
+    std::vector<std::byte> bytes = convert_from_f32(p.slot->to_floats(), dtype);
+    std::copy(bytes.begin(), bytes.end(), out.begin());
+  });
+}
+
+void save_random_weights(const ModelConfig& config, uint64_t seed, double std, const fs::path& dir, DType dtype,
+                         uint64_t max_shard_bytes) {
+  DecoderWeights none;
+  std::vector<ParamRef> params = parameter_map(config, none);
+  std::map<const ParamRef*, uint64_t> seeds;
+  for (size_t k = 0; k < params.size(); ++k) seeds[&params[k]] = param_seed(seed, k + 1);
+  const float norm_value = config.norm_style == NormStyle::one_plus_weight ? 0.0f : 1.0f;
+  const size_t es = dtype_size(dtype);
+  write_weight_files(params, dir, dtype, max_shard_bytes, [&](const ParamRef& p, std::span<std::byte> out) {
+    const int64_t n = int64_t(out.size() / es);
+    // 64K-element chunks on the CPU backend's threads, each converted to `dtype` in place.
+    cpu::parallel_for(n, 1 << 16, [&](int64_t b, int64_t e) {
+      std::vector<float> v(size_t(e - b));
+      if (p.init == ParamInit::normal) Rng::fill_normal(v.data(), uint64_t(b), uint64_t(e), seeds.at(&p), float(std));
+      else std::fill(v.begin(), v.end(), p.init == ParamInit::norm ? norm_value : 0.0f);
+      std::vector<std::byte> bytes = convert_from_f32(v, dtype);
+      std::copy(bytes.begin(), bytes.end(), out.begin() + b * int64_t(es));
+    });
+  });
+}
+
 DecoderWeights init_weights(const ModelConfig& config, uint64_t seed, double std, DType dtype, Device device) {
   DecoderWeights w;
   uint64_t k = 0;
@@ -216,7 +255,7 @@ DecoderWeights init_weights(const ModelConfig& config, uint64_t seed, double std
     ++k;
     switch (p.init) {
       case ParamInit::normal:
-        *p.slot = Tensor::randn(p.shape, seed * 0x9e3779b97f4a7c15ull + k, float(std), dtype, device);
+        *p.slot = Tensor::randn(p.shape, param_seed(seed, k), float(std), dtype, device);
         break;
       case ParamInit::zeros: *p.slot = Tensor::zeros(p.shape, dtype, device); break;
       case ParamInit::norm: *p.slot = Tensor::full(p.shape, norm_value, dtype, device); break;

@@ -56,4 +56,9 @@ void save_weights(const ModelConfig& config, const DecoderWeights& weights, cons
 // norms 1 (0 for Gemma's (1 + w) norms). Deterministic for a seed on every device.
 DecoderWeights init_weights(const ModelConfig& config, uint64_t seed, double std, DType dtype, Device device);
 
+// save_weights(init_weights(config, seed, std, ...)) without holding the model: each tensor is drawn on all CPU
+// threads as its file is written (one tensor in memory at a time).
+void save_random_weights(const ModelConfig& config, uint64_t seed, double std, const std::filesystem::path& dir,
+                         DType dtype, uint64_t max_shard_bytes = 5ull << 30);
+
 }  // namespace lmtune::models

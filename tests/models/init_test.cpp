@@ -70,6 +70,28 @@ TEST(Init, TinyPresetsGiveLoadableModels) {
   }
 }
 
+// `lmtune init` draws each tensor on all threads while writing it (save_random_weights): the files hold the same
+// bytes as drawing the whole model in memory (init_weights, Tensor::randn's sequential draw) and saving it, also
+// when shards split the model and for odd tensor sizes (a normal pair straddling two threads' chunks).
+TEST(Init, StreamedRandomWeightsEqualTheInMemoryModel) {
+  nlohmann::json j = yaml_file_to_json(preset_path("tiny-gemma2"));
+  j["vocab_size"] = 1001;  // an odd embedding past one 64K-element chunk
+  j["hidden_size"] = 131;
+  ModelConfig c = parse_model_config(j.dump(), "tiny-gemma2");
+  for (DType dt : {DType::bf16, DType::f32}) {
+    fs::path a = fresh_dir("random_streamed"), b = fresh_dir("random_in_memory");
+    save_random_weights(c, 7, 0.02, a, dt, 200000);
+    save_weights(c, init_weights(c, 7, 0.02, dt, Device::cpu()), b, dt, 200000);
+    EXPECT_TRUE(fs::exists(a / "model.safetensors.index.json"));
+    int files = 0;
+    for (const auto& e : fs::directory_iterator(b)) {
+      ++files;
+      EXPECT_EQ(read_file_bytes(a / e.path().filename()), read_file_bytes(e.path())) << e.path().filename();
+    }
+    EXPECT_GT(files, 2);
+  }
+}
+
 TEST(Init, ArchMustAgreeWithThePresetAndVocabMustBeKnown) {
   InitOptions o;
   o.preset = preset_path("tiny-llama");
@@ -105,6 +127,9 @@ TEST(Init, RealPresetsHavePublishedParameterCounts) {
   };
   EXPECT_EQ(count("qwen2.5-0.5b"), 494032768);
   EXPECT_EQ(count("llama-3.2-1b"), 1235814400);
+  EXPECT_EQ(count("qwen3-1.7b"), 1720574976);
+  EXPECT_EQ(count("gemma-3-1b"), 999885952);
+  EXPECT_EQ(count("llama-3.1-8b"), 8030261248);
   ModelConfig l = parse_model_config(yaml_file_to_json(preset_path("llama-3.2-1b")).dump());
   EXPECT_EQ(l.rope.type, RopeType::llama3);
   EXPECT_EQ(l.rope.original_max_pos, 8192);

@@ -145,10 +145,10 @@ TEST_P(OpTest, FlashAttentionMatchesReference) {
   check_cases(dev(), cases, {DType::f32, DType::bf16});
 }
 
-// The tensor-core kernels (Vulkan devices with cooperative matrices; D <= 64), forced for every case and dtype
-// (f16 products, so f32 runs get the bf16 tolerance: their inputs are f16-exact): the register-softmax ones
-// (coopmat: on NVIDIA's fragment layout) and the shared-memory ones (coopmat_shared). Elsewhere forcing them is
-// an error, not a silent fallback.
+// The tensor-core kernels (Vulkan devices with cooperative matrices), forced for every case and dtype (f16
+// products, so f32 runs get the bf16 tolerance: their inputs are f16-exact): the register-softmax ones (coopmat: on
+// NVIDIA's fragment layout; every head-dim class) and the shared-memory ones (coopmat_shared; D <= 64). Elsewhere
+// forcing them is an error, not a silent fallback.
 namespace {
 void check_tensor_core_kernels(const Device& d, vk::FlashKernel kind) {
   struct Force {
@@ -164,8 +164,12 @@ void check_tensor_core_kernels(const Device& d, vk::FlashKernel kind) {
   const std::string ran = vk::last_flash_kernel();
   if (kind == vk::FlashKernel::coopmat_shared) EXPECT_EQ(ran, "coopmat-shared");
   else EXPECT_TRUE(ran == "coopmat" || ran == "coopmat-shared") << ran;  // coopmat-shared off NVIDIA's layout
+  // The register-softmax kernels take every head-dim class; the shared-memory ones stop at 64.
+  const bool all_dims = ran == "coopmat";
   Tensor wide = make_input({1, 9, 2, 80}, DType::bf16, d, 92);
-  EXPECT_THROW(ops::flash_attention(wide, wide, wide, {}), ShapeError);
+  if (!all_dims) {
+    EXPECT_THROW(ops::flash_attention(wide, wide, wide, {}), ShapeError);
+  }
   // Longer sequences than the portable test's, so that whole blocks skip the element-wise masks.
   std::vector<FlashCase> cases = d64_cases();
   cases.insert(cases.end(), {
@@ -177,6 +181,20 @@ void check_tensor_core_kernels(const Device& d, vk::FlashKernel kind) {
       {"d12_unaligned_rows", 1, 19, 23, 2, 1, 12, false},
       {"sharp_growing_logits", 1, 200, 200, 4, 2, 64, true, 0, 0, 0, false, 0, false, 3.0f},
   });
+  if (all_dims)  // the 128 class (whole head dims in the forward and dQ, split in two for dK/dV) and the 256 class
+    cases.insert(cases.end(), {  // (split in two, and in four for dK/dV), with every mask, at odd lengths
+        {"d128_gqa_two_batches", 2, 150, 150, 8, 2, 128},
+        {"d128_docs_window_split", 1, 300, 300, 8, 1, 128, true, 70, 0, 0, true},  // dK/dV row-range splits
+        {"d128_full_prefill_cache", 2, 45, 77, 4, 2, 128, false, 0, 0, 32, false, 6, true},
+        {"d96_window_softcap", 1, 97, 97, 4, 2, 96, true, 24, 30.0f},
+        {"d80_padded_keys", 2, 70, 70, 4, 4, 80, true, 0, 0, 0, false, 9},
+        {"d128_sharp_growing_logits", 1, 200, 200, 4, 2, 128, true, 0, 0, 0, false, 0, false, 3.0f},
+        {"d256_softcap_gqa", 1, 150, 150, 8, 2, 256, true, 0, 30.0f},
+        {"d256_mqa_window_docs", 2, 133, 133, 4, 1, 256, true, 40, 0, 0, true},
+        {"d256_full_padded_keys", 2, 37, 37, 2, 1, 256, false, 0, 0, 0, false, 5},
+        {"d200_negative_offset", 1, 80, 80, 4, 2, 200, true, 0, 0, -3},
+        {"d256_sharp_growing_logits", 1, 200, 200, 4, 1, 256, true, 0, 0, 0, false, 0, false, 3.0f},
+    });
   check_cases(d, cases, {DType::f32, DType::bf16, DType::f16}, 1e-4);
 }
 }  // namespace

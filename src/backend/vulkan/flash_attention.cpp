@@ -3,7 +3,8 @@
 // (flash_attention_bwd_dkdv.comp), and the merge of a split forward pass (flash_attention_combine.comp); shared
 // code in kernels/flash_attention.glsl. Each attention kernel is built
 // per head-dim class (D <= 64, 128, 256) with block sizes that keep its shared memory under 32 KiB. Tensor-core
-// twins of the forward, dQ and dK/dV kernels (*_cm.comp, D <= 64) run where flash_attention.h's choice says.
+// twins of the forward, dQ and dK/dV kernels (*_rs.comp for every class, *_cm.comp for D <= 64) run where
+// flash_attention.h's choice says.
 #include "backend/vulkan/flash_attention.h"
 
 #include <algorithm>
@@ -135,34 +136,48 @@ std::mutex g_last_mu;
 std::string g_last = "none";
 
 // Which kernels these inputs take (see flash_kernel() in flash_attention.h): "" (portable), "rs" (tensor cores,
-// scores in registers) or "cm" (tensor cores, scores through shared memory).
+// scores in registers; every head-dim class) or "cm" (tensor cores, scores through shared memory; D <= 64).
 std::string tensor_core_family(Context& ctx, const FlashAttentionParams& p, DType q_dtype) {
   const Features& f = ctx.features();
   bool device_ok = f.cooperative_matrix && f.storage_16bit && f.subgroup_size == 32 &&
                    ctx.properties().limits.maxComputeSharedMemorySize >= 48 * 1024;
-  bool use = false;
   const FlashKernel mode = flash_kernel();
-  switch (mode) {
-    case FlashKernel::portable: break;
-    case FlashKernel::coopmat:
-    case FlashKernel::coopmat_shared:
-      if (!device_ok)
-        throw DeviceError("flash attention: the tensor-core kernels were forced (LMTUNE_FLASH_KERNEL) but " +
-                          ctx.name() + " has no VK_NV_cooperative_matrix with subgroup size 32 and 48 KiB of shared memory");
-      if (p.D > 64)
-        throw ShapeError("flash attention: the tensor-core kernels cover head dims up to 64, got " + std::to_string(p.D));
-      use = true;
-      break;
-    case FlashKernel::automatic: {
-      const MatmulOptions& mo = matmul_options();
-      bool tensor_cores = mo.kernel != MatmulKernel::scalar && !(q_dtype == DType::f32 && mo.f32_exact);
-      use = device_ok && tensor_cores && p.D <= 64 && p.T * p.G() >= 64;
+  const bool forced = mode == FlashKernel::coopmat || mode == FlashKernel::coopmat_shared;
+  if (forced && !device_ok)
+    throw DeviceError("flash attention: the tensor-core kernels were forced (LMTUNE_FLASH_KERNEL) but " + ctx.name() +
+                      " has no VK_NV_cooperative_matrix with subgroup size 32 and 48 KiB of shared memory");
+  bool use = forced;
+  if (mode == FlashKernel::automatic) {
+    const MatmulOptions& mo = matmul_options();
+    bool tensor_cores = mo.kernel != MatmulKernel::scalar && !(q_dtype == DType::f32 && mo.f32_exact);
+    use = device_ok && tensor_cores && p.T * p.G() >= 64;
+  }
+  std::string family;
+  if (use) {
+    family = mode != FlashKernel::coopmat_shared && fragment_layout_is_mma(ctx) ? "rs" : "cm";
+    if (family == "cm" && p.D > 64) {
+      if (forced)
+        throw ShapeError("flash attention: the shared-memory tensor-core kernels cover head dims up to 64, got " +
+                         std::to_string(p.D));
+      family.clear();
+      spdlog::warn("flash attention: {} lacks NVIDIA's fragment layout; head dim {} runs the portable f32 kernels",
+                   ctx.name(), p.D);
     }
   }
-  std::string family = !use ? "" : mode != FlashKernel::coopmat_shared && fragment_layout_is_mma(ctx) ? "rs" : "cm";
   std::lock_guard lock(g_last_mu);
   g_last = family.empty() ? "portable" : family == "rs" ? "coopmat" : "coopmat-shared";
   return family;
+}
+
+// Rows (forward, dQ) and keys (dK/dV) per workgroup of the tensor-core kernels of a head-dim class: the wide
+// classes split the head dim across 2 or 4 subgroups (variants.txt).
+struct TensorCoreBlocks {
+  uint32_t fwd_rows, dq_rows, dkdv_keys;
+};
+TensorCoreBlocks tensor_core_blocks(const std::string& cls) {
+  if (cls == "_d256") return {64, 64, 32};
+  if (cls == "_d128") return {128, 128, 64};
+  return {128, 128, 128};
 }
 
 // Flag 8 of the push block: every row of q, k, v (and dO) starts at a multiple of 8 elements, so the tensor-core
@@ -214,15 +229,15 @@ void FlashAttention::eval_vulkan(const std::vector<Tensor>& ins, std::vector<Ten
   FlashPush f = make_push(p, q, k, v, masks);
   const uint32_t batch = u32(p.B, "batch");
   auto [docs, keys] = mask_bindings(p, masks, q);
-  if (const std::string tc = tensor_core_family(ctx, p, q.dtype()); !tc.empty()) {  // 128 rows per workgroup, no splits
-    const uint32_t blocks = ceil_div(uint64_t(p.T * p.G()), 128);
+  if (const std::string tc = tensor_core_family(ctx, p, q.dtype()); !tc.empty()) {  // no splits
+    const uint32_t blocks = ceil_div(uint64_t(p.T * p.G()), tensor_core_blocks(cls).fwd_rows);
     check_grid(blocks, "query");
     f.flags |= rows_of_8(f, false) ? 8u : 0u;
     f.lse_off = elem_offset(lse);
     f.y_off = elem_offset(o);
     f.dtypes |= uint32_t(o.dtype()) << 16;
     f.flags |= vec_out_flag(f);
-    ctx.dispatch("flash_attention_fwd_" + tc + "_d64",
+    ctx.dispatch("flash_attention_fwd_" + tc + cls,
                  {in(q), in(k), in(v), in(q), out(lse), in(q), docs, keys, out(o), in(q)}, f, {blocks, f.KV, batch});
     return;
   }
@@ -289,16 +304,16 @@ void FlashAttentionBackward::eval_vulkan(const std::vector<Tensor>& ins, std::ve
     fq.y_off = elem_offset(outs[0]);
     fq.dtypes |= uint32_t(outs[0].dtype()) << 16;
     if (cm) fq.flags |= vec_out_flag(fq);
-    const uint32_t br = cm ? 128 : p.D <= 64 ? 32 : p.D <= 128 ? 16 : 8;  // BR of the dQ kernel
+    const uint32_t br = cm ? tensor_core_blocks(cls).dq_rows : p.D <= 64 ? 32 : p.D <= 128 ? 16 : 8;  // BR of the dQ kernel
     const uint32_t blocks = ceil_div(uint64_t(p.T * p.G()), br);
     check_grid(blocks, "query");
-    ctx.dispatch(cm ? "flash_attention_bwd_dq_" + tc + "_d64" : variant(ctx, "flash_attention_bwd_dq" + cls),
+    ctx.dispatch(cm ? "flash_attention_bwd_dq_" + tc + cls : variant(ctx, "flash_attention_bwd_dq" + cls),
                  {in(q), in(k), in(v), in(d_o), in(lse), in(delta), docs, keys, out(outs[0]), in(q)}, fq,
                  {blocks, f.KV, batch});
   }
   if (outs[1].numel() > 0) {  // dK, dV
     FlashPush fk = f;
-    const uint32_t bc = cm ? 128 : p.D <= 64 ? 32 : p.D <= 128 ? 16 : 8;  // BC of the dK/dV kernel
+    const uint32_t bc = cm ? tensor_core_blocks(cls).dkdv_keys : p.D <= 64 ? 32 : p.D <= 128 ? 16 : 8;  // BC of the dK/dV kernel
     const uint32_t blocks = ceil_div(uint64_t(p.S), bc);
     check_grid(blocks, "key");
     fk.splits = cm ? backward_splits(blocks * fk.KV * batch, ceil_div(uint64_t(p.T * p.G()), 32)) : 1;
@@ -312,7 +327,7 @@ void FlashAttentionBackward::eval_vulkan(const std::vector<Tensor>& ins, std::ve
     fk.z_off = elem_offset(dv);
     fk.dtypes |= uint32_t(dk.dtype()) << 16 | uint32_t(dv.dtype()) << 20;
     if (cm) fk.flags |= vec_out_flag(fk);
-    ctx.dispatch(cm ? "flash_attention_bwd_dkdv_" + tc + "_d64" : variant(ctx, "flash_attention_bwd_dkdv" + cls),
+    ctx.dispatch(cm ? "flash_attention_bwd_dkdv_" + tc + cls : variant(ctx, "flash_attention_bwd_dkdv" + cls),
                  {in(q), in(k), in(v), in(d_o), in(lse), in(delta), docs, keys, out(dk), out(dv)}, fk,
                  {blocks, f.KV, batch * fk.splits});
     if (fk.splits > 1) {
