@@ -4,10 +4,12 @@
 #   bench/compare.sh [options] MODEL_DIR_OR_PRESET ...
 #
 # Each MODEL is a model directory (config.json + weights) or a preset name / file from configs/presets (e.g.
-# qwen2.5-0.5b, llama-3.2-1b), which `lmtune init` turns into a model with random bf16 weights and the real shapes.
-# Speed (default): for each model and for gradient checkpointing on and off, `lmtune bench train` and
-# bench/peft_baseline.py with the same arguments; then a table of tokens/s, the ratio lmtune / PEFT, peak memory
-# and MFU. Parity (--parity): lmtune trains --parity-steps steps from the adapter it writes at initialization
+# qwen2.5-0.5b, llama-3.2-1b), which `lmtune init` turns into a model with random bf16 weights and the real shapes;
+# MODEL@B1,B2,... runs it at those batch sizes instead of --batch. --grid adds the shape grid: qwen2.5-0.5b@8,
+# llama-3.2-1b@8, qwen3-1.7b@4, gemma-3-1b@4, llama-3.1-8b@2 (head dims 64, 64, 128, 256, 128).
+# Speed (default): for each model, batch and gradient checkpointing on and off, `lmtune bench train` and
+# bench/peft_baseline.py with the same arguments (with --compile also under torch.compile); then a table of
+# tokens/s, the ratios lmtune / PEFT, peak memory and MFU, and each tool's best batch per model. Parity (--parity): lmtune trains --parity-steps steps from the adapter it writes at initialization
 # (--save-init-adapter) on random batches it saves (--save-batches); PEFT trains from that adapter on those
 # batches with the same optimizer settings; the script prints both loss curves' max |diff| and relative diff and
 # fails beyond the tolerances (below).
@@ -15,7 +17,7 @@
 # Options: --out DIR (JSON and logs; default bench-out), --seq N (2048), --batch N (4), --steps N (10),
 #   --warmup N (3), --checkpointing "on off", --peak-tflops X (the GPU's datasheet bf16 dense peak, e.g. 989 for
 #   an H100 SXM), --device D (lmtune's --device; default vulkan), --parity, --speed (with --parity: both),
-#   --parity-steps N (100), --parity-seq N (512), --parity-batch N (4), --parity-lr X (2e-4).
+#   --parity-steps N (100), --parity-seq N (512), --parity-batch N (4), --parity-lr X (2e-4), --grid, --compile.
 # Environment: LMTUNE (the binary; default build/lmtune, else lmtune on PATH), PYTHON (python3),
 #   TOKENIZER (a tokenizer directory for presets without vocab_size).
 set -euo pipefail
@@ -26,7 +28,8 @@ if [[ -z "${LMTUNE:-}" ]]; then
   if [[ -x "$ROOT/build/lmtune" ]]; then LMTUNE=$ROOT/build/lmtune; else LMTUNE=$(command -v lmtune || true); fi
 fi
 OUT=bench-out SEQ=2048 BATCH=4 STEPS=10 WARMUP=3 CKPT="on off" PEAK=0 DEVICE=vulkan
-SPEED=1 PARITY=0 P_STEPS=100 P_SEQ=512 P_BATCH=4 P_LR=2e-4
+SPEED=1 PARITY=0 P_STEPS=100 P_SEQ=512 P_BATCH=4 P_LR=2e-4 COMPILE=0
+GRID=(qwen2.5-0.5b@8 llama-3.2-1b@8 qwen3-1.7b@4 gemma-3-1b@4 llama-3.1-8b@2)
 MODELS=()
 die() { echo "compare.sh: $*" >&2; exit 1; }
 while [[ $# -gt 0 ]]; do
@@ -45,6 +48,8 @@ while [[ $# -gt 0 ]]; do
     --parity-seq) P_SEQ=$2; shift 2 ;;
     --parity-batch) P_BATCH=$2; shift 2 ;;
     --parity-lr) P_LR=$2; shift 2 ;;
+    --grid) MODELS+=("${GRID[@]}"); shift ;;
+    --compile) COMPILE=1; shift ;;
     -h|--help) sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
     -*) die "unknown option $1 (see --help)" ;;
     *) MODELS+=("$1"); shift ;;
@@ -91,52 +96,30 @@ run() {
 
 if [[ $SPEED == 1 ]]; then
   rows=()
-  for m in "${MODELS[@]}"; do
+  for spec in "${MODELS[@]}"; do
+    m=${spec%@*} batches=$BATCH
+    [[ $spec == *@* ]] && batches=${spec##*@}
     dir=$(model_dir "$m")
     tag=$(basename "$dir")
     for ck in $CKPT; do
-      common=(--model "$dir" --seq "$SEQ" --batch "$BATCH" --steps "$STEPS" --warmup "$WARMUP"
-              --grad-checkpointing "$ck" --json)
-      [[ $PEAK == 0 ]] || common+=(--peak-tflops "$PEAK")
-      run "lmtune_${tag}_ckpt_$ck" "$LMTUNE" --device "$DEVICE" bench train "${common[@]}"
-      run "peft_${tag}_ckpt_$ck" "$PYTHON" "$HERE/peft_baseline.py" "${common[@]}"
-      rows+=("$tag $ck")
+      for b in ${batches//,/ }; do
+        common=(--model "$dir" --seq "$SEQ" --batch "$b" --steps "$STEPS" --warmup "$WARMUP"
+                --grad-checkpointing "$ck" --json)
+        [[ $PEAK == 0 ]] || common+=(--peak-tflops "$PEAK")
+        run "lmtune_${tag}_ckpt_${ck}_b$b" "$LMTUNE" --device "$DEVICE" bench train "${common[@]}"
+        run "peft_${tag}_ckpt_${ck}_b$b" "$PYTHON" "$HERE/peft_baseline.py" "${common[@]}"
+        [[ $COMPILE == 0 ]] || run "peftc_${tag}_ckpt_${ck}_b$b" "$PYTHON" "$HERE/peft_baseline.py" "${common[@]}" --compile
+        rows+=("$tag $ck $b")
+      done
     done
   done
-  "$PYTHON" - "$OUT" "${rows[@]}" <<'PY'
-import json, os, sys
-out = sys.argv[1]
-def load(name):
-    try:
-        return json.load(open(os.path.join(out, name + ".json")))
-    except (OSError, ValueError):
-        return None
-def f(x, fmt):  # a number, or "-" in the same width
-    return "-".rjust(int(fmt.split(".")[0] or 0)) if x is None else format(x, fmt)
-print(f"\n{'model':<14} {'ckpt':<4} {'lmtune tok/s':>12} {'PEFT tok/s':>10} {'ratio':>6} {'lmtune GiB':>10} "
-      f"{'PEFT GiB':>8} {'lmtune MFU':>10} {'PEFT MFU':>8} {'matmul peak lmtune / torch':>27}")
-for row in sys.argv[2:]:
-    tag, ck = row.split()
-    a, b = load(f"lmtune_{tag}_ckpt_{ck}"), load(f"peft_{tag}_ckpt_{ck}")
-    g = lambda j, k: None if j is None else j.get(k)
-    ratio = a["tokens_per_s"] / b["tokens_per_s"] if a and b else None
-    gib = lambda j: None if j is None else j["peak_mem_bytes"] / 2**30
-    # MFU against the given datasheet peak when there is one (comparable across tools), else each tool's own
-    # measured matmul peak (which differ: lmtune's matmul is not torch's).
-    key = "mfu_given_peak" if (g(a, "mfu_given_peak") or g(b, "mfu_given_peak")) is not None else "mfu_measured_peak"
-    mfu = lambda j: "-" if g(j, key) is None else f"{100 * j[key]:.1f}%"
-    peaks = f"{f(g(a, 'measured_peak_tflops'), '.0f')} / {f(g(b, 'measured_peak_tflops'), '.0f')} TFLOP/s"
-    print(f"{tag:<14} {ck:<4} {f(g(a, 'tokens_per_s'), '12.0f')} {f(g(b, 'tokens_per_s'), '10.0f')} "
-          f"{f(ratio, '6.3f')} {f(gib(a), '10.2f')} {f(gib(b), '8.2f')} {mfu(a):>10} {mfu(b):>8} {peaks:>27}")
-print("MFU = achieved model FLOP/s (6N + 12LHDT per token) / --peak-tflops when given, else / each tool's own "
-      "measured bf16 matmul peak")
-PY
+  "$PYTHON" "$HERE/compare_table.py" "$OUT" "${rows[@]}"
 fi
 
 if [[ $PARITY == 1 ]]; then
   failed=()
-  for m in "${MODELS[@]}"; do
-    dir=$(model_dir "$m")
+  for spec in "${MODELS[@]}"; do
+    dir=$(model_dir "${spec%@*}")
     tag=$(basename "$dir")
     adapter=$OUT/parity_${tag}_init_adapter
     batches=$OUT/parity_${tag}_batches.safetensors

@@ -10,8 +10,11 @@ computes from its shifted targets), global-norm clipping at 1.0 (lmtune's train.
 torch.optim.AdamW with lmtune's defaults (betas 0.9/0.999, eps 1e-8, weight decay 0; torch's default decay is
 0.01), constant learning rate, no dropout. Gradient checkpointing is transformers' non-reentrant one.
 
-  python3 bench/peft_baseline.py --model DIR --seq 2048 --batch 8 --steps 10 --json
+  python3 bench/peft_baseline.py --model DIR --seq 2048 --batch 8 --steps 10 --json [--compile]
   python3 bench/peft_baseline.py --model DIR ... --batches batches.safetensors --init-adapter DIR --losses
+
+--compile runs the model under torch.compile (the default inductor backend; "tool": "peft+compile"), the one-flag
+speed-up a PyTorch user reaches for; the warm-up steps include the compilation.
 
 Runs on CUDA (device auto) or the CPU. Needs torch, transformers and peft; nothing is downloaded.
 """
@@ -24,7 +27,9 @@ import bench_common as bc  # noqa: E402
 
 
 def main():
-    a = bc.parser(__doc__.splitlines()[0]).parse_args()
+    p = bc.parser(__doc__.splitlines()[0])
+    p.add_argument("--compile", action="store_true", help="run the model under torch.compile")
+    a = p.parse_args()
     bc.check_args(a)
     try:
         import torch
@@ -75,15 +80,17 @@ def main():
     bc.log(f"peft: {cfg.get('model_type')} on {device}, {a.precision}, weights {weights}, batch {a.batch} x seq "
            f"{a.seq}, rank {a.rank}, checkpointing {a.grad_checkpointing}, {n_trainable} trainable ({adapter_dtypes})")
 
+    forward = torch.compile(model) if a.compile else model
+
     def step(ids, phases):
-        loss = model(input_ids=ids, labels=ids, use_cache=False).loss
+        loss = forward(input_ids=ids, labels=ids, use_cache=False).loss
         return bc.backward_and_update(torch, loss, trainable, optimizer, phases)
 
     name = torch.cuda.get_device_name(device) if cuda else "cpu"
     info = {"batches": batches, "config": cfg, "params_base": base_params, "embed_params": embed_params,
             "params_trainable": n_trainable, "device_name": f"{device} {name}",
             "extra": {"transformers": transformers.__version__, "peft": peft.__version__, "weights": weights}}
-    bc.run(torch, a, "peft", device, sync, step, info)
+    bc.run(torch, a, "peft+compile" if a.compile else "peft", device, sync, step, info)
 
 
 if __name__ == "__main__":

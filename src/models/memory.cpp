@@ -38,6 +38,9 @@ TrainingMemoryEstimate estimate_training_memory(const ModelConfig& c, const Trai
   e.activations = uint64_t(L) * layer + e.logits;
   // Checkpointing keeps each layer's input, and recomputes one layer at a time during backward.
   e.activations_checkpointed = uint64_t(L) * N * uint64_t(C) * act + layer + e.logits;
+  const uint64_t reference_logits = 2 * N * uint64_t(V) * 4;
+  e.reference_floor = e.fixed() + uint64_t(L) * N * uint64_t(C) * act + reference_logits;
+  e.reference_floor_unchecked = e.fixed() + e.activations - e.logits + reference_logits;
   return e;
 }
 

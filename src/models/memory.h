@@ -25,12 +25,20 @@ struct TrainingMemoryEstimate {
   uint64_t activations_checkpointed = 0;  // layer inputs + one layer recomputed
   uint64_t logits = 0;           // the fused loss's vocabulary chunk: f32 logits, gradient, one temporary
                                  // (part of both activation figures)
+
+  // The least a transformers + PEFT step at the same batch holds (their own memory is more): the weights, the same
+  // adapter state, the layer inputs it checkpoints (else activations at least as large as ours), and the f32 [N, V]
+  // logits with their gradient, which transformers' loss materialises. Caches that only save time are kept within
+  // this floor (train.transposed_weights), so lmtune never takes more memory than the PyTorch step it replaces.
+  uint64_t reference_floor = 0;          // with checkpointing
+  uint64_t reference_floor_unchecked = 0;  // without
   int64_t lora_param_count = 0;
 
   uint64_t fixed() const { return weights + lora_params + lora_grads + optimizer; }
   uint64_t total(bool checkpointing) const {
     return fixed() + (checkpointing ? activations_checkpointed : activations);
   }
+  uint64_t floor(bool checkpointing) const { return checkpointing ? reference_floor : reference_floor_unchecked; }
 };
 
 TrainingMemoryEstimate estimate_training_memory(const ModelConfig& config, const TrainingMemoryOptions& options);

@@ -51,7 +51,9 @@ std::string gib(uint64_t bytes) { return fmt::format("{:.2f} GiB", double(bytes)
 
 // train.transposed_weights: the frozen weights of the adapted layers and lm_head are also kept transposed, so that
 // their forward products (x Wᵀ) read the layout the backend multiplies fastest (x · W). auto: where the backend
-// prefers it and the copies fit beside 1.5x the estimated activations, adapters and optimizer state.
+// prefers it, the estimated peak with the copies stays within the least a PyTorch step at this batch holds
+// (TrainingMemoryEstimate::floor: no more memory than the peer), and the copies fit beside 1.5x the estimated
+// activations, adapters and optimizer state in what the device has.
 void keep_transposed_weights(const Recipe& r, TrainableModel& tm, Device device) {
   const std::string& mode = r.train.transposed_weights;
   const DType compute = compute_dtype(r);
@@ -75,7 +77,14 @@ void keep_transposed_weights(const Recipe& r, TrainableModel& tm, Device device)
     mo.compute_dtype = compute;
     const models::TrainingMemoryEstimate e =
         models::estimate_training_memory(tm.decoder->config(), mo);
-    const uint64_t rest = e.total(r.train.grad_checkpointing) - e.weights, available = be.available_bytes();
+    const bool ckpt = r.train.grad_checkpointing;
+    const uint64_t rest = e.total(ckpt) - e.weights, available = be.available_bytes();
+    if (e.total(ckpt) + bytes > e.floor(ckpt)) {
+      spdlog::info("train.transposed_weights auto: not keeping transposed weights ({} more than the ~{} estimated "
+                   "would pass the ~{} a PyTorch step at this batch holds at least)",
+                   gib(bytes), gib(e.total(ckpt)), gib(e.floor(ckpt)));
+      return;
+    }
     if (bytes + rest + rest / 2 > available) {
       spdlog::info("train.transposed_weights auto: not keeping transposed weights ({} beside ~{} of training state "
                    "would exceed the {} available)", gib(bytes), gib(rest), gib(available));

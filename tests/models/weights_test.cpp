@@ -229,6 +229,14 @@ TEST(MemoryEstimate, CheckpointingSavesActivationsAndLoraIsSmall) {
   // Checkpointing keeps one layer's activations instead of 16 (the logits are the same either way).
   EXPECT_LT(e.activations_checkpointed - e.logits, (e.activations - e.logits) / 4);
   EXPECT_GT(e.activations_checkpointed, e.logits);
+  // The PyTorch floor: weights, adapter state, 16 checkpointed [4096, 2048] bf16 layer inputs and the f32 [4096,
+  // 128256] logits with their gradient.
+  const uint64_t N = 4096;
+  EXPECT_EQ(e.floor(true), e.fixed() + 16 * N * 2048 * 2 + 2 * N * 128256 * 4);
+  EXPECT_EQ(e.floor(false), e.fixed() + e.activations - e.logits + 2 * N * 128256 * 4);
+  // lmtune's own estimate stays under it (the fused loss never holds [N, V] logits), with room for caches.
+  EXPECT_LT(e.total(true), e.floor(true));
+  EXPECT_LT(e.total(false), e.floor(false));
 }
 
 }  // namespace
