@@ -30,6 +30,9 @@ if [ -x scripts/fetch_fixtures.sh ]; then
   scripts/fetch_fixtures.sh
 fi
 
+# glslang 15 for the cooperative-matrix-2 kernels (Debian 12's glslang is too old), built once into a cache.
+bash scripts/build_glslang.sh > /dev/null
+
 BUILD_TYPE=${BUILD_TYPE:-Release}
 cmake -S . -B build -DCMAKE_BUILD_TYPE="$BUILD_TYPE" ${LMTUNE_CMAKE_ARGS:-}
 cmake --build build -j"$(nproc)"

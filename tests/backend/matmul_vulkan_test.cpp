@@ -10,9 +10,11 @@
 #include <string>
 #include <vector>
 
+#include "backend/vulkan/context.h"
 #include "backend/vulkan/fragment_layout.h"
 #include "backend/vulkan/matmul.h"
 #include "backend/vulkan/vulkan_backend.h"
+#include "core/ops.h"
 #include "core/ops/matmul.h"
 #include "core/primitive.h"
 
@@ -287,6 +289,57 @@ TEST(MatmulVectorStaging, Layouts) {
   // f32 loads are vec4: 4-aligned suffices.
   EXPECT_TRUE(vector_staging(DType::f32, false, 900, 1, 4, 0, 0));
   EXPECT_FALSE(vector_staging(DType::f32, false, 902, 1, 0, 0, 0));
+}
+
+// The workgroup-scope cooperative-matrix kernel (matmul_cm2.comp, on devices with VK_NV_cooperative_matrix2):
+// f16 and real bf16 operands, B row-major and transposed, 16-bit and f32 C, edge tiles and K past the unrolled
+// steps, a LoRA addend (f16 U, V beside bf16 A, B, as lora_linear passes them), and bf16 values past f16's 65504
+// in and out, which the VK_NV_cooperative_matrix kernel (f16 operands) turns into inf.
+TEST_F(VulkanMatmul, Coopmat2Kernel) {
+  const vk::Features& f = vk::context_for(dev_).features();
+  if (!f.cooperative_matrix2) GTEST_SKIP() << "device has no VK_NV_cooperative_matrix2";
+  vk::matmul_options().kernel = vk::MatmulKernel::automatic;
+  struct C2 {
+    int64_t M, N, K;
+    DType dt, out;
+    bool tb;
+    int64_t R;
+    float scale_a;  // A's values times this
+  };
+  std::vector<C2> cases;
+  for (DType dt : {DType::f16, DType::bf16}) {
+    if (dt == DType::bf16 && !f.bf16_cooperative_matrix) continue;
+    for (bool tb : {false, true}) {
+      cases.push_back({1020, 3064, 200, dt, dt, tb, 0, 1.0f});        // edge tiles, a partial K step
+      cases.push_back({1024, 3072, 1064, dt, DType::f32, tb, 0, 1.0f});  // interior, unrolled K steps
+      cases.push_back({1111, 4088, 136, dt, dt, tb, 16, 1.0f});       // LoRA addend
+    }
+  }
+  if (f.bf16_cooperative_matrix) {
+    cases.push_back({1280, 3072, 512, DType::bf16, DType::bf16, true, 0, 1e5f});  // inputs past 65504
+    cases.push_back({1280, 3072, 512, DType::bf16, DType::f32, false, 8, 300.0f});  // outputs past 65504
+  }
+  for (const C2& c : cases) {
+    SCOPED_TRACE(std::to_string(c.M) + "x" + std::to_string(c.N) + "x" + std::to_string(c.K) + " " +
+                 std::string(dtype_name(c.dt)) + " -> " + std::string(dtype_name(c.out)) + (c.tb ? " bT" : "") + " R " + std::to_string(c.R) +
+                 " A x " + std::to_string(c.scale_a));
+    Tensor a = ops::cast(ops::scale(Tensor::randn({c.M, c.K}, 11, 1.0f, DType::f32, dev_), c.scale_a), c.dt);
+    Tensor b = make_operand({{}, c.tb, 0}, c.K, c.N, c.dt, dev_, 12);
+    const Shape out{c.M, c.N};
+    Tensor y;
+    std::vector<double> ref = reference(a, b, {}, c.M, c.N, c.K);
+    if (c.R > 0) {
+      Tensor u = Tensor::randn({c.M, c.R}, 13, 1.0f, DType::f16, dev_);
+      Tensor v = make_operand({{}, c.tb, 0}, c.R, c.N, DType::f16, dev_, 14);
+      y = apply1(std::make_shared<MatmulLowRank>(1.0f), {a, b, u, v}, {out, c.out});
+      std::vector<double> uv = reference(u, v, {}, c.M, c.N, c.R);
+      for (size_t i = 0; i < ref.size(); ++i) ref[i] += uv[i];
+    } else {
+      y = apply1(std::make_shared<Matmul>(), {a, b}, {out, c.out});
+    }
+    EXPECT_EQ(vk::last_matmul_kernel().rfind("coopmat2", 0), 0u) << vk::last_matmul_kernel();
+    EXPECT_LT(nmse(y.to_doubles(), ref), c.out == DType::f32 ? 1e-5 : 1e-4);
+  }
 }
 
 TEST_F(VulkanMatmul, AutomaticChoice) {

@@ -154,7 +154,7 @@ InstanceState& instance_state() {
     VkApplicationInfo app{VK_STRUCTURE_TYPE_APPLICATION_INFO};
     app.pApplicationName = "lmtune";
     app.pEngineName = "lmtune";
-    app.apiVersion = version >= VK_API_VERSION_1_2 ? VK_API_VERSION_1_2 : VK_API_VERSION_1_1;
+    app.apiVersion = std::min<uint32_t>(version, VK_API_VERSION_1_3);  // 1.3: the SPIR-V 1.6 kernels
     ci.pApplicationInfo = &app;
     ci.enabledExtensionCount = uint32_t(enable.size());
     ci.ppEnabledExtensionNames = enable.data();
@@ -207,6 +207,25 @@ bool has_coopmat_f16_16x16x16(VkPhysicalDevice pd, const std::vector<VkExtension
   return false;
 }
 
+// Feature structs of extensions newer than Debian 12's Vulkan headers (1.3.239), as the registry defines them.
+struct CoopMatFeaturesKHR {  // VK_KHR_cooperative_matrix
+  VkStructureType sType = VkStructureType(1000506000);
+  void* pNext = nullptr;
+  VkBool32 cooperativeMatrix = VK_FALSE, cooperativeMatrixRobustBufferAccess = VK_FALSE;
+};
+struct CoopMat2FeaturesNV {  // VK_NV_cooperative_matrix2
+  VkStructureType sType = VkStructureType(1000593000);
+  void* pNext = nullptr;
+  VkBool32 workgroupScope = VK_FALSE, flexibleDimensions = VK_FALSE, reductions = VK_FALSE, conversions = VK_FALSE,
+           perElementOperations = VK_FALSE, tensorAddressing = VK_FALSE, blockLoads = VK_FALSE;
+};
+struct Bfloat16FeaturesKHR {  // VK_KHR_shader_bfloat16
+  VkStructureType sType = VkStructureType(1000141000);
+  void* pNext = nullptr;
+  VkBool32 shaderBFloat16Type = VK_FALSE, shaderBFloat16DotProduct = VK_FALSE,
+           shaderBFloat16CooperativeMatrix = VK_FALSE;
+};
+
 // Everything we query about a physical device, with its feature structs chained for vkCreateDevice.
 struct DeviceQuery {
   VkPhysicalDeviceProperties props{};
@@ -218,6 +237,11 @@ struct DeviceQuery {
   VkPhysicalDeviceVulkanMemoryModelFeatures mm{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_MEMORY_MODEL_FEATURES};
   VkPhysicalDeviceShaderAtomicFloatFeaturesEXT af{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_ATOMIC_FLOAT_FEATURES_EXT};
   VkPhysicalDeviceCooperativeMatrixFeaturesNV cm{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_COOPERATIVE_MATRIX_FEATURES_NV};
+  CoopMatFeaturesKHR cmk;
+  CoopMat2FeaturesNV cm2;
+  VkPhysicalDeviceBufferDeviceAddressFeatures bdaf{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_BUFFER_DEVICE_ADDRESS_FEATURES};
+  bool bda = false;
+  Bfloat16FeaturesKHR bf16;
   std::vector<VkExtensionProperties> exts;
   bool coopmat_config = false;
   uint64_t device_local = 0;
@@ -241,7 +265,18 @@ struct DeviceQuery {
       *tail = &cm;
       tail = &cm.pNext;
     }
+    if (has_extension(exts, "VK_KHR_cooperative_matrix") && has_extension(exts, "VK_NV_cooperative_matrix2")) {
+      *tail = &cmk;
+      cmk.pNext = &cm2;
+      cm2.pNext = &bdaf;
+      tail = &bdaf.pNext;
+    }
+    if (has_extension(exts, "VK_KHR_shader_bfloat16")) {
+      *tail = &bf16;
+      tail = &bf16.pNext;
+    }
     vkGetPhysicalDeviceFeatures2(pd, &f2);
+    bda = bdaf.bufferDeviceAddress;
     coopmat_config = has_coopmat_f16_16x16x16(pd, exts);
     VkPhysicalDeviceMemoryProperties mp;
     vkGetPhysicalDeviceMemoryProperties(pd, &mp);
@@ -252,6 +287,14 @@ struct DeviceQuery {
   bool coopmat() const {
     return cm.cooperativeMatrix && coopmat_config && f16.shaderFloat16 && mm.vulkanMemoryModel &&
            s16.storageBuffer16BitAccess && !disabled("cooperative_matrix");
+  }
+  bool coopmat2() const {
+    return coopmat() && props.apiVersion >= VK_API_VERSION_1_3 && cmk.cooperativeMatrix && cm2.workgroupScope &&
+           cm2.flexibleDimensions && cm2.tensorAddressing && cm2.blockLoads && f2.features.shaderInt16 && bda &&
+           !disabled("cooperative_matrix2");
+  }
+  bool bf16_coopmat() const {
+    return coopmat2() && bf16.shaderBFloat16Type && bf16.shaderBFloat16CooperativeMatrix && !disabled("bfloat16");
   }
 };
 
@@ -331,6 +374,8 @@ Context::Context(int index) : index_(index) {
   f.atomic_float_add = has_extension(q.exts, "VK_EXT_shader_atomic_float") && q.af.shaderBufferFloat32AtomicAdd &&
                        !disabled("atomic_float");
   f.cooperative_matrix = q.coopmat();
+  f.cooperative_matrix2 = q.coopmat2();
+  f.bf16_cooperative_matrix = q.bf16_coopmat();
   f.host_mapping = !disabled("host_mapping");
   const char* stats_env = std::getenv("LMTUNE_PIPELINE_STATS");
   f.pipeline_stats = stats_env && std::string(stats_env) == "1" &&
@@ -365,6 +410,27 @@ Context::Context(int index) : index_(index) {
     exts.push_back("VK_NV_cooperative_matrix");
     *tail = &ecm;
     tail = &ecm.pNext;
+  }
+  CoopMatFeaturesKHR ecmk;
+  ecmk.cooperativeMatrix = VK_TRUE;
+  CoopMat2FeaturesNV ecm2 = q.cm2;  // what the device has (the kernels use block loads' decode functions too)
+  ecm2.pNext = nullptr;
+  // The decode functions take a buffer reference (SPIR-V's physical storage buffer addressing).
+  VkPhysicalDeviceBufferDeviceAddressFeatures ebda{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_BUFFER_DEVICE_ADDRESS_FEATURES};
+  ebda.bufferDeviceAddress = VK_TRUE;
+  Bfloat16FeaturesKHR ebf;
+  ebf.shaderBFloat16Type = ebf.shaderBFloat16CooperativeMatrix = VK_TRUE;
+  if (f.cooperative_matrix2) {
+    exts.insert(exts.end(), {"VK_KHR_cooperative_matrix", "VK_NV_cooperative_matrix2"});
+    *tail = &ecmk;
+    ecmk.pNext = &ecm2;
+    ecm2.pNext = &ebda;
+    tail = &ebda.pNext;
+  }
+  if (f.bf16_cooperative_matrix) {
+    exts.push_back("VK_KHR_shader_bfloat16");
+    *tail = &ebf;
+    tail = &ebf.pNext;
   }
   VkPhysicalDevicePipelineExecutablePropertiesFeaturesKHR epe{
       VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PIPELINE_EXECUTABLE_PROPERTIES_FEATURES_KHR};

@@ -36,6 +36,11 @@ struct Features {
   bool storage_16bit = false;       // storageBuffer16BitAccess (f16/bf16 tensors as 16-bit arrays)
   bool int16 = false;               // shaderInt16
   bool cooperative_matrix = false;  // VK_NV_cooperative_matrix with f16 x f16 -> f32 16x16x16 (subgroup scope)
+  // VK_NV_cooperative_matrix2 (workgroup scope, flexible dimensions, tensor addressing) over VK_KHR_cooperative_
+  // matrix, on a Vulkan 1.3 device (the kernels are SPIR-V 1.6); bf16: also VK_KHR_shader_bfloat16's bf16 types
+  // and cooperative matrices.
+  bool cooperative_matrix2 = false;
+  bool bf16_cooperative_matrix = false;
   bool vulkan_memory_model = false;
   bool push_descriptor = false;     // VK_KHR_push_descriptor
   bool memory_budget = false;       // VK_EXT_memory_budget

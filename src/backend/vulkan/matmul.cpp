@@ -11,6 +11,7 @@
 #include <spdlog/spdlog.h>
 
 #include "backend/vulkan/dispatch.h"
+#include "backend/vulkan/matmul_cm2.h"
 #include "backend/vulkan/matmul_skinny.h"
 #include "core/error.h"
 #include "core/ops/elementwise.h"
@@ -323,6 +324,16 @@ bool record_matmul(const Tensor& a, const Tensor& b, Tensor& c, const LowRankTer
   const int64_t b_rs = b.strides()[size_t(b.ndim() - 2)], b_cs = b.strides().back();
   for (int64_t s : {a_rs, a_cs, b_rs, b_cs})
     if (s < 0) throw ShapeError("matmul: negative strides reach the Vulkan kernel; make the operand contiguous");
+
+  // Workgroup-scope cooperative matrices take the large products they can (matmul_cm2.h).
+  if (!acc && opt.kernel == MatmulKernel::automatic && !opt.tile && !opt.splitk) {
+    std::string name;
+    if (record_matmul_cm2(ctx, a, b, c, lr, name)) {
+      std::lock_guard lock(g_last_mu);
+      g_last = name;
+      return true;
+    }
+  }
 
   // Kernel choice.
   static std::once_flag no_cm_flag, f32_flag, layout_flag;

@@ -1,0 +1,92 @@
+// The cooperative-matrix-2 product (see matmul_cm2.h): checks that the operands suit kernels/matmul_cm2.comp and
+// records it. Its builds need glslang 15 (cmake/kernels.cmake); a binary built without them says so once and
+// keeps to the other kernels.
+#include "backend/vulkan/matmul_cm2.h"
+
+#include <mutex>
+
+#include <spdlog/spdlog.h>
+
+#include "backend/vulkan/dispatch.h"
+#include "backend/vulkan/pipelines.h"
+
+namespace lmtune::vk {
+namespace {
+
+// Mirrors Cm2Params in kernels/matmul_cm2.comp.
+struct Cm2Params {
+  uint32_t M, N, K;
+  uint32_t a_off, a_rs, b_off, b_rs, c_off, c_rs;
+  uint32_t u_off, u_rs, v_off, v_rs, R;
+  uint32_t flags;
+};
+
+constexpr int64_t kTileM = 128, kTileN = 256;
+// Fewer tiles than about a wave of the GPU's multiprocessors leave it idle (the kernel does not split K), and
+// edge tiles that reach far past the product waste their tensor-core work (a 896-wide product in 256-wide tiles:
+// 1/8): the VK_NV_cooperative_matrix planner, which splits K and has 128-wide tiles, takes those.
+constexpr int64_t kMinTiles = 96;
+constexpr double kMaxEdgeWaste = 0.125;
+
+bool is16(DType t) { return t == DType::f16 || t == DType::bf16; }
+bool aligned(int64_t v) { return v % 8 == 0; }
+
+// Row stride of a 2-dim operand stored row-major (transposed: of its transpose), or 0 where it is neither or its
+// rows and offset are not 16-byte aligned.
+int64_t row_stride(const Tensor& t, bool transposed) {
+  if (t.ndim() != 2) return 0;
+  const int64_t unit = t.strides()[transposed ? 0 : 1], rs = t.strides()[transposed ? 1 : 0];
+  if ((unit != 1 && t.dim(transposed ? 0 : 1) > 1) || rs <= 0 || !aligned(rs) || !aligned(t.offset())) return 0;
+  return rs;
+}
+
+}  // namespace
+
+bool record_matmul_cm2(Context& ctx, const Tensor& a, const Tensor& b, Tensor& c, const LowRankTerm* lr,
+                       std::string& name) {
+  name.clear();
+  const Features& f = ctx.features();
+  if (!f.cooperative_matrix2 || a.ndim() != 2 || b.ndim() != 2 || c.ndim() != 2) return false;
+  const DType dt = a.dtype();
+  if (!is16(dt) || b.dtype() != dt || (dt == DType::bf16 && !f.bf16_cooperative_matrix)) return false;
+  if (c.dtype() != dt && c.dtype() != DType::f32) return false;
+  const int64_t M = c.dim(0), N = c.dim(1), K = a.dim(1);
+  const int64_t tiles_m = (M + kTileM - 1) / kTileM, tiles_n = (N + kTileN - 1) / kTileN;
+  if (tiles_m * tiles_n < kMinTiles ||
+      double(tiles_m * kTileM) * double(tiles_n * kTileN) > (1 + kMaxEdgeWaste) * double(M) * double(N))
+    return false;
+  const bool tb = b.strides()[0] == 1 && b.strides()[1] != 1;
+  const int64_t a_rs = row_stride(a, false), b_rs = row_stride(b, tb);
+  if (!a_rs || !b_rs || c.strides()[1] != 1 || c.strides()[0] != N || !aligned(N) || !aligned(c.offset())) return false;
+  Cm2Params p{};
+  if (lr) {
+    const Tensor &u = *lr->u, &v = *lr->v;
+    const int64_t u_rs = row_stride(u, false), v_rs = row_stride(v, tb);
+    if (lr->alpha != 1.0f || !is16(u.dtype()) || v.dtype() != u.dtype() || !u_rs || !v_rs || !aligned(u.dim(1)))
+      return false;
+    p.u_off = uint32_t(u.offset()), p.u_rs = uint32_t(u_rs), p.v_off = uint32_t(v.offset()), p.v_rs = uint32_t(v_rs);
+    p.R = uint32_t(u.dim(1));
+    p.flags = u.dtype() == DType::bf16 ? 1u : 0u;
+  }
+  const std::string kernel = std::string("matmul_cm2_") + (dt == DType::bf16 ? "bf16" : "f16") + (tb ? "_t" : "_n") +
+                             (c.dtype() == DType::f32 ? "_c32" : "_c16");
+  if (embedded_spirv(kernel).empty()) {
+    static std::once_flag once;
+    std::call_once(once, [&] {
+      spdlog::warn("matmul: {} has cooperative matrices 2 but this lmtune was built without their kernels "
+                   "(scripts/build_glslang.sh, then rebuild); products take the slower VK_NV_cooperative_matrix ones",
+                   ctx.name());
+    });
+    return false;
+  }
+  p.M = uint32_t(M), p.N = uint32_t(N), p.K = uint32_t(K);
+  p.a_off = uint32_t(a.offset()), p.a_rs = uint32_t(a_rs);
+  p.b_off = uint32_t(b.offset()), p.b_rs = uint32_t(b_rs);
+  p.c_off = uint32_t(c.offset()), p.c_rs = uint32_t(N);
+  ctx.dispatch(kernel, {in(a), in(b), out(c), in(lr ? *lr->u : a), in(lr ? *lr->v : b)}, p,
+               {uint32_t((N + kTileN - 1) / kTileN), uint32_t((M + kTileM - 1) / kTileM), 1});
+  name = std::string("coopmat2 128x256 ") + (tb ? "nt" : "nn");
+  return true;
+}
+
+}  // namespace lmtune::vk
