@@ -310,14 +310,14 @@ TEST_F(VulkanMatmul, Coopmat2Kernel) {
   for (DType dt : {DType::f16, DType::bf16}) {
     if (dt == DType::bf16 && !f.bf16_cooperative_matrix) continue;
     for (bool tb : {false, true}) {
-      cases.push_back({1020, 3064, 200, dt, dt, tb, 0, 1.0f});        // edge tiles, a partial K step
-      cases.push_back({1024, 3072, 1064, dt, DType::f32, tb, 0, 1.0f});  // interior, unrolled K steps
-      cases.push_back({1111, 4088, 136, dt, dt, tb, 16, 1.0f});       // LoRA addend
+      cases.push_back({1020, 3064, 1064, dt, dt, tb, 0, 1.0f});       // edge tiles, a partial K step
+      cases.push_back({1024, 3072, 1536, dt, DType::f32, tb, 0, 1.0f});  // interior, unrolled K steps
+      cases.push_back({1111, 4088, 1160, dt, dt, tb, 16, 1.0f});      // LoRA addend, every K loop
     }
   }
   if (f.bf16_cooperative_matrix) {
-    cases.push_back({1280, 3072, 512, DType::bf16, DType::bf16, true, 0, 1e5f});  // inputs past 65504
-    cases.push_back({1280, 3072, 512, DType::bf16, DType::f32, false, 8, 300.0f});  // outputs past 65504
+    cases.push_back({1280, 3072, 1024, DType::bf16, DType::bf16, true, 0, 1e5f});  // inputs past 65504
+    cases.push_back({1280, 3072, 1024, DType::bf16, DType::f32, false, 8, 300.0f});  // outputs past 65504
   }
   for (const C2& c : cases) {
     SCOPED_TRACE(std::to_string(c.M) + "x" + std::to_string(c.N) + "x" + std::to_string(c.K) + " " +
