@@ -160,8 +160,11 @@ std::string tensor_core_family(Context& ctx, const FlashAttentionParams& p, DTyp
         throw ShapeError("flash attention: the shared-memory tensor-core kernels cover head dims up to 64, got " +
                          std::to_string(p.D));
       family.clear();
-      spdlog::warn("flash attention: {} lacks NVIDIA's fragment layout; head dim {} runs the portable f32 kernels",
-                   ctx.name(), p.D);
+      static std::once_flag once;
+      std::call_once(once, [&] {
+        spdlog::warn("flash attention: {} lacks NVIDIA's fragment layout; head dims past 64 run the portable f32 "
+                     "kernels", ctx.name());
+      });
     }
   }
   std::lock_guard lock(g_last_mu);
