@@ -230,16 +230,15 @@ void save_random_weights(const ModelConfig& config, uint64_t seed, double std, c
                          uint64_t max_shard_bytes) {
   DecoderWeights none;
   std::vector<ParamRef> params = parameter_map(config, none);
-  std::map<const ParamRef*, uint64_t> seeds;
-  for (size_t k = 0; k < params.size(); ++k) seeds[&params[k]] = param_seed(seed, k + 1);
   const float norm_value = config.norm_style == NormStyle::one_plus_weight ? 0.0f : 1.0f;
   const size_t es = dtype_size(dtype);
   write_weight_files(params, dir, dtype, max_shard_bytes, [&](const ParamRef& p, std::span<std::byte> out) {
     const int64_t n = int64_t(out.size() / es);
+    const uint64_t p_seed = param_seed(seed, uint64_t(&p - params.data()) + 1);  // p's place in the map, from 1
     // 64K-element chunks on the CPU backend's threads, each converted to `dtype` in place.
     cpu::parallel_for(n, 1 << 16, [&](int64_t b, int64_t e) {
       std::vector<float> v(size_t(e - b));
-      if (p.init == ParamInit::normal) Rng::fill_normal(v.data(), uint64_t(b), uint64_t(e), seeds.at(&p), float(std));
+      if (p.init == ParamInit::normal) Rng::fill_normal(v.data(), uint64_t(b), uint64_t(e), p_seed, float(std));
       else std::fill(v.begin(), v.end(), p.init == ParamInit::norm ? norm_value : 0.0f);
       std::vector<std::byte> bytes = convert_from_f32(v, dtype);
       std::copy(bytes.begin(), bytes.end(), out.begin() + b * int64_t(es));
