@@ -17,7 +17,7 @@
 #include <vector>
 
 #include "backend/vulkan/flash_attention.h"
-#include "backend/vulkan/matmul.h"
+#include "backend/vulkan/matmul_plan.h"
 #include "backend/vulkan/recorder.h"
 #include "backend/vulkan/vulkan_backend.h"
 #include "cli/bench_timing.h"
@@ -119,8 +119,14 @@ std::vector<MatmulShape> matmul_shapes(const BenchOptions& o, bool small) {
   return s;
 }
 
-std::string kernel_label(Device dev) {
-  return dev.is_vulkan() ? vk::last_matmul_kernel() : std::string("openblas");
+// The product's kernel as the Vulkan planner chooses it for these operands.
+std::string kernel_label(const Tensor& a, const Tensor& b, DType out) {
+  if (!a.device().is_vulkan()) return "openblas";
+  Shape shape = a.shape();
+  shape.back() = b.dim(-1);
+  const Tensor c = Tensor::empty(shape, out, a.device());
+  const std::optional<vk::MatmulPlan> plan = vk::plan_matmul(vk::context_for(a.device()), a, b, c);
+  return plan ? plan->describe() : "composed";
 }
 
 Result bench_matmul(const MatmulShape& s, Device dev, int reps) {
@@ -135,7 +141,7 @@ Result bench_matmul(const MatmulShape& s, Device dev, int reps) {
                             : Tensor::randn({s.K, s.N}, 2, 1.0f, s.dtype, dev);
   const DType out = g_f32_out ? DType::f32 : s.dtype;
   r.ms = time_op([&] { return ops::matmul(a, b, out); }, dev, reps, g_timing);
-  r.kernel = kernel_label(dev) + (g_f32_out ? " f32 out" : "");
+  r.kernel = kernel_label(a, b, out) + (g_f32_out ? " f32 out" : "");
   r.rate = 2.0 * double(s.M) * double(s.N) * double(s.K) / (r.ms * 1e-3) / 1e12;
   return r;
 }
@@ -247,7 +253,8 @@ Result bench_attention(const AttentionShape& a, Device dev, int reps) {
     NoGrad no_grad;
     r.ms = time_op([&] { return attend({q, k, v})[0]; }, dev, reps, g_timing);
   }
-  if (a.fused && dev.is_vulkan()) r.kernel += " " + vk::last_flash_kernel();
+  if (a.fused && dev.is_vulkan())
+    r.kernel += " " + vk::flash_kernel_family(dev, ops::attention_params(q, k, v, opt), q.dtype());
   double fwd = 4.0 * double(a.B * a.H) * double(a.T) * double(a.T) * double(a.D) / (a.causal ? 2 : 1);
   r.rate = (a.backward ? 3.5 * fwd : fwd) / (r.ms * 1e-3) / 1e12;
   return r;

@@ -43,6 +43,9 @@ class Backend {
   virtual bool prefers_transposed_weights() const { return false; }
   // Bytes that allocations can still get (device memory budget); 0 when the backend cannot tell.
   virtual size_t available_bytes() const { return 0; }
+  // Whether the fused attention (FlashAttention) runs here for this head dim; ops::attention composes it
+  // otherwise.
+  virtual bool runs_fused_attention(int64_t /*head_dim*/) const { return true; }
 };
 
 // The backend for a device (created on first use). Defined in src/backend/registry.cpp.

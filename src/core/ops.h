@@ -52,7 +52,7 @@ Tensor masked_fill(const Tensor& x, const Tensor& mask, float value);  // value 
 // have one shape and float dtype. Its vjp is one fused kernel producing both gradients and saves only gate and up.
 enum class GateActivation { silu, gelu_tanh, gelu_erf };
 Tensor gated_activation(const Tensor& gate, const Tensor& up, GateActivation act);
-// The same as a composition of unary ops and mul: the oracle of the tests (and LMTUNE_FUSED_GLU=0 in the decoder).
+// The same as a composition of unary ops and mul: the oracle of the tests (and DecoderPaths::fused_glu off).
 Tensor gated_activation_reference(const Tensor& gate, const Tensor& up, GateActivation act);
 
 // ---- reductions (core/ops/reduce.cpp) ----
@@ -78,9 +78,11 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int ignore_ind
 // with a frozen weight the forward computes d hidden as it goes, else the backward recomputes each chunk's
 // logits; the weight's gradient is computed only when it wants one. weight_t: the frozen weight stored
 // transposed ([C, V]), read by the logits products in place of weightᵀ (faster on tensor cores).
+// logits_dtype: the chunks' logits in a forward that computes d hidden; unset, f16 where the backend's products
+// take f16 operands anyway and there is no soft-cap, else f32 (core/ops/linear_cross_entropy.cpp).
 Tensor linear_cross_entropy(const Tensor& hidden, const Tensor& weight, const Tensor& targets,
                             int ignore_index = -100, float softcap = 0, int64_t chunk = 0,
-                            const Tensor& weight_t = Tensor());
+                            const Tensor& weight_t = Tensor(), std::optional<DType> logits_dtype = std::nullopt);
 
 // ---- matmul (core/ops/matmul.cpp) ----
 // [..., M, K] x [..., K, N] -> [..., M, N] with broadcast batch dims. Operands may be transposed views
@@ -132,7 +134,7 @@ struct AttentionOptions {
   Tensor key_mask;               // optional i32 [B, S]: 0 marks a padding key that no query attends to
 };
 // q [B, T, H, D], k and v [B, S, KV, D] with H a multiple of KV (grouped-query attention) -> [B, T, H, D].
-// The fused kernel (flash_attention) by default; LMTUNE_ATTENTION=reference selects attention_reference.
+// The fused kernel (flash_attention), or attention_reference where the backend cannot run it for this head dim.
 Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& opt);
 // The same, composed from the ops above (matmul, softmax, ...): materializes the [B, H, T, S] scores. The oracle.
 Tensor attention_reference(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& opt);

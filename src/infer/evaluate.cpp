@@ -21,9 +21,9 @@ LossResult evaluate_loss(const models::Decoder& decoder, const Dataset& dataset,
   LossResult r;
   double total = 0;
   // Target rows per loss call. The fused loss bounds its own memory (vocabulary chunks) and reads lm_head once
-  // per call, so it takes every row of a batch at once; the unfused reference (LMTUNE_FUSED_CE=0) materialises
+  // per call, so it takes every row of a batch at once; the unfused reference (DecoderPaths) materialises
   // [rows, V] f32 logits, so it goes 64 MiB of logits at a time (e.g. 110 rows of a 152k vocabulary).
-  const bool fused = models::fused_cross_entropy();
+  const bool fused = decoder.paths().fused_loss;
   const int64_t reference_rows = std::max<int64_t>(1, (int64_t(64) << 20) / (4 * decoder.config().vocab_size));
   while (!batcher.epoch_finished() && (max_batches <= 0 || r.batches < max_batches)) {
     Batch b = batcher.next();

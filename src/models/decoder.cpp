@@ -18,7 +18,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstdlib>
 #include <string>
 
 #include "core/autodiff.h"
@@ -43,13 +42,6 @@ float round_to(float v, DType dtype) {
 
 Tensor softcap(const Tensor& x, double cap) {
   return ops::scale(ops::tanh(ops::scale(x, float(1.0 / cap))), float(cap));
-}
-
-// The MLP's act(gate) * up as one fused op, unless LMTUNE_FUSED_GLU=0. Read on every call (once per layer), so
-// a process can compare both paths.
-bool fused_glu() {
-  const char* s = std::getenv("LMTUNE_FUSED_GLU");
-  return !(s && std::string(s) == "0");
 }
 
 void check_ids(const Tensor& t, const char* what, const Shape& shape) {
@@ -354,9 +346,9 @@ Tensor Decoder::layer_forward(int index, const Tensor& x, const Tensor& position
     case Activation::gelu_tanh: act = ops::GateActivation::gelu_tanh; break;
     case Activation::gelu_erf: act = ops::GateActivation::gelu_erf; break;
   }
-  // act(gate) * up in one fused kernel (its backward saves only gate and up); LMTUNE_FUSED_GLU=0 selects the
-  // composition of separate ops (A/B comparisons).
-  Tensor gated = fused_glu() ? ops::gated_activation(gate, up, act) : ops::gated_activation_reference(gate, up, act);
+  // act(gate) * up in one fused kernel (its backward saves only gate and up).
+  Tensor gated = paths_.fused_glu ? ops::gated_activation(gate, up, act)
+                                  : ops::gated_activation_reference(gate, up, act);
   Tensor m = w.mlp.down(gated, options.row_adapters);
   if (config_.sandwich_norms) m = norm(m, w.post_mlp_norm);
   return ops::add(r, m);
@@ -418,9 +410,9 @@ Tensor Decoder::token_losses(const Tensor& hidden, const Tensor& targets) const 
     throw ShapeError("loss: targets must be i32 with one entry per hidden row: hidden " + to_string(hidden.shape()) +
                      ", targets " + to_string(targets.shape()));
   Tensor h = ops::reshape(hidden, {N, C}), t = ops::reshape(targets, {N});
-  if (!fused_cross_entropy()) return ops::cross_entropy(logits(h), t, -100);
+  if (!paths_.fused_loss) return ops::cross_entropy(logits(h), t, -100);
   return ops::linear_cross_entropy(h, weights_.lm_head, t, -100, float(config_.final_logit_softcapping),
-                                   fused_cross_entropy_chunk(), weights_.lm_head_t);
+                                   paths_.loss_vocab_chunk, weights_.lm_head_t);
 }
 
 Tensor Decoder::forward(const Tensor& ids, const Tensor& positions, const ForwardOptions& options) const {
@@ -448,22 +440,6 @@ Tensor positions_from_doc_ids(const Tensor& doc_ids) {
       p[i] = t > 0 && d[i] == d[i - 1] ? p[i - 1] + 1 : 0;
     }
   return Tensor::from_ints(p, doc_ids.shape(), doc_ids.device());
-}
-
-bool fused_cross_entropy() {
-  const char* v = std::getenv("LMTUNE_FUSED_CE");
-  return !(v && std::string(v) == "0");
-}
-
-int64_t fused_cross_entropy_chunk() {
-  const char* v = std::getenv("LMTUNE_FUSED_CE_CHUNK");
-  if (!v || !*v) return 0;
-  char* end = nullptr;
-  const long long n = std::strtoll(v, &end, 10);
-  if (*end != '\0' || n < 0)
-    throw ConfigError(std::string("LMTUNE_FUSED_CE_CHUNK must be a number of vocabulary rows (0 = automatic), got '") +
-                      v + "'");
-  return int64_t(n);
 }
 
 namespace {

@@ -123,6 +123,14 @@ struct ForwardOptions {
   const RowAdapters* row_adapters = nullptr;
 };
 
+// Where the decoder has a fused op and its composition from separate ops, which one it runs. The fused forms are
+// the product; the compositions are their oracles in tests.
+struct DecoderPaths {
+  bool fused_loss = true;        // ops::linear_cross_entropy, else logits + ops::cross_entropy (full [rows, V] f32)
+  int64_t loss_vocab_chunk = 0;  // vocabulary rows per chunk of the fused loss; 0: automatic (~256 MiB of logits)
+  bool fused_glu = true;         // ops::gated_activation, else ops::gated_activation_reference
+};
+
 class Decoder {
  public:
   // compute_dtype: f32, or f16/bf16 for mixed precision (weights stay in their dtype and are cast per use;
@@ -136,6 +144,8 @@ class Decoder {
   DType compute_dtype() const { return compute_dtype_; }
   void set_compute_dtype(DType dtype) { compute_dtype_ = dtype; }
   Device device() const { return weights_.embed.device(); }
+  const DecoderPaths& paths() const { return paths_; }
+  void set_paths(const DecoderPaths& paths) { paths_ = paths; }
 
   // ids, positions i32 [B, T] -> logits f32 [B, T, V].
   Tensor forward(const Tensor& ids, const Tensor& positions, const ForwardOptions& options = {}) const;
@@ -145,7 +155,7 @@ class Decoder {
   Tensor logits(const Tensor& hidden) const;
   // The per-token loss: cross-entropy of logits(hidden) against targets (i32, one per row of hidden [..., C];
   // -100 = ignored, giving 0) -> f32 [rows]. Fused (ops::linear_cross_entropy: the [rows, V] logits are never
-  // held, forward or backward) unless fused_cross_entropy() is off; then logits + ops::cross_entropy.
+  // held, forward or backward) unless paths().fused_loss is off; then logits + ops::cross_entropy.
   Tensor token_losses(const Tensor& hidden, const Tensor& targets) const;
 
  private:
@@ -154,6 +164,7 @@ class Decoder {
   ModelConfig config_;
   DecoderWeights weights_;
   DType compute_dtype_;
+  DecoderPaths paths_;
   std::vector<Tensor> inv_freq_;  // per layer, f32 [rotary_dim / 2] on the weights' device
 };
 
@@ -161,13 +172,6 @@ class Decoder {
 Tensor default_positions(int64_t batch, int64_t tokens, Device device);
 // Positions that restart at 0 at each document boundary of doc_ids [B, T] (host computation).
 Tensor positions_from_doc_ids(const Tensor& doc_ids);
-
-// Whether the losses use the fused lm_head + cross-entropy (Decoder::token_losses): yes unless the environment
-// sets LMTUNE_FUSED_CE=0, which selects the unfused reference (full f32 logits, then cross_entropy).
-bool fused_cross_entropy();
-// Vocabulary rows per chunk of the fused loss: LMTUNE_FUSED_CE_CHUNK, else 0 (automatic: ~256 MiB of f32
-// logits per chunk, see ops::linear_cross_entropy). ConfigError when the variable is not a number >= 0.
-int64_t fused_cross_entropy_chunk();
 
 // Mean cross-entropy of logits [B, T, V] (or [N, V]) against targets i32 [B, T] over targets != -100.
 // mask (optional, i32 [B, T]): 0 excludes a target as -100 does. Returns an f32 scalar (0 when nothing counts).

@@ -2,7 +2,6 @@
 #include "models/linear.h"
 
 #include <cmath>
-#include <cstdlib>
 #include <string>
 
 #include "core/autodiff.h"
@@ -52,11 +51,7 @@ LoraDropoutScope::~LoraDropoutScope() { g_dropout.active = false; }
 Tensor Linear::operator()(const Tensor& x) const {
   // One adapter under autocast (how lmtune trains): its delta is multiplied into the base product, forward and
   // backward (ops::lora_linear).
-  static const bool fused = [] {
-    const char* v = std::getenv("LMTUNE_FUSED_LORA");  // 0: the composed form (A/B timing)
-    return !(v && std::string(v) == "0");
-  }();
-  if (fused && adapters.size() == 1 && !bias.defined()) {
+  if (adapters.size() == 1 && !bias.defined()) {
     const LoraAdapter& a = adapters[0];
     const bool half = x.dtype() == DType::f16 || x.dtype() == DType::bf16;
     if (half && a.A.dtype() == DType::f32 && a.B.dtype() == DType::f32) {

@@ -24,8 +24,8 @@ TrainingMemoryEstimate estimate_training_memory(const ModelConfig& c, const Trai
 
   // Values one layer keeps for its backward, per token (compute dtype): input and normed input (2C); q, k, v
   // before and after rope (2 (HD + 2 KVD)); attention output (HD); o_proj output and residual (2C); pre-MLP
-  // norm (C); gate, up, product (3I: the fused gated activation saves no act(gate); LMTUNE_FUSED_GLU=0 would add
-  // I); down output (C); sandwich norms add their inputs (2C); LoRA intermediates (7R).
+  // norm (C); gate, up, product (3I: the fused gated activation saves no act(gate); the composition would
+  // add I); down output (C); sandwich norms add their inputs (2C); LoRA intermediates (7R).
   uint64_t per_token = uint64_t(6 * C + 2 * (HD + 2 * KVD) + HD + 3 * I + 7 * o.rank);
   if (c.sandwich_norms) per_token += uint64_t(2 * C);
   // The fused attention keeps no [T, T] scores, only each query row's log-sum-exp (f32 [B, H, T]).

@@ -44,7 +44,7 @@ Tensor batch_loss_sum(const models::Decoder& model, const Batch& b, bool checkpo
   models::ForwardOptions fo;
   fo.doc_ids = Tensor::from_ints(b.doc_ids, shape, d);  // packed documents (and padding) attend only to themselves
   fo.checkpoint_layers = checkpoint_layers;
-  // lm_head + cross-entropy fused over vocabulary chunks: no [B*T, V] logits (models::fused_cross_entropy).
+  // lm_head + cross-entropy fused over vocabulary chunks: no [B*T, V] logits (Decoder::token_losses).
   return ops::sum_all(model.token_losses(model.forward_hidden(ids, positions, fo), targets));
 }
 

@@ -7,13 +7,16 @@
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "backend/vulkan/context.h"
 #include "backend/vulkan/fragment_layout.h"
 #include "backend/vulkan/matmul.h"
+#include "backend/vulkan/matmul_plan.h"
 #include "backend/vulkan/vulkan_backend.h"
+#include "core/error.h"
 #include "core/ops.h"
 #include "core/ops/matmul.h"
 #include "core/primitive.h"
@@ -118,9 +121,12 @@ class VulkanMatmul : public ::testing::Test {
   void SetUp() override {
     if (vk::list_devices().empty()) GTEST_SKIP() << "no Vulkan device";
     dev_ = parse_device("vulkan");
-    saved_ = vk::matmul_options();
+    saved_ = choice();
   }
-  void TearDown() override { vk::matmul_options() = saved_; }
+  void TearDown() override {
+    if (!vk::list_devices().empty()) choice() = saved_;
+  }
+  vk::KernelChoice& choice() const { return vk::context_for(dev_).kernel_choice(); }
 
   void run(const Case& c, const std::string& what) {
     Tensor a = make_operand(c.a, c.M, c.K, c.dtype, dev_, 1234);
@@ -131,11 +137,17 @@ class VulkanMatmul : public ::testing::Test {
     out_shape.push_back(c.N);
     Tensor y = apply1(std::make_shared<Matmul>(), {a, b}, {out_shape, c.dtype});
     ASSERT_EQ(y.shape(), out_shape);
+    last_ = kernel_of(a, b, y);
     std::vector<double> ref = reference(a, b, batch, c.M, c.N, c.K);
     double e = nmse(y.to_doubles(), ref);
-    bool cm = vk::matmul_options().kernel == vk::MatmulKernel::coopmat;
-    if (std::getenv("MM_PRINT")) std::printf("%-40s %-28s nmse %.3g\n", describe(c).c_str(), vk::last_matmul_kernel().c_str(), e);
-    EXPECT_LT(e, threshold(c.dtype, cm)) << describe(c) << " [" << what << ": " << vk::last_matmul_kernel() << "]";
+    bool cm = choice().matmul == vk::MatmulKernel::coopmat;
+    EXPECT_LT(e, threshold(c.dtype, cm)) << describe(c) << " [" << what << ": " << last_ << "]";
+  }
+
+  // The planner's description of the kernel that takes c = a b.
+  std::string kernel_of(const Tensor& a, const Tensor& b, const Tensor& c) const {
+    std::optional<vk::MatmulPlan> plan = vk::plan_matmul(vk::context_for(dev_), a, b, c);
+    return plan ? plan->describe() : "composed";
   }
 
   std::vector<Case> cases() const {
@@ -157,50 +169,51 @@ class VulkanMatmul : public ::testing::Test {
   }
 
   Device dev_;
-  vk::MatmulOptions saved_;
+  vk::KernelChoice saved_;
+  std::string last_;  // the kernel of the last run()
 };
 
 TEST_F(VulkanMatmul, ScalarKernel) {
-  vk::matmul_options().kernel = vk::MatmulKernel::scalar;
+  choice().matmul = vk::MatmulKernel::scalar;
   for (const Case& c : cases()) run(c, "scalar");
 }
 
 TEST_F(VulkanMatmul, ScalarTilesAndSplitK) {
-  vk::matmul_options().kernel = vk::MatmulKernel::scalar;
+  choice().matmul = vk::MatmulKernel::scalar;
   for (char tile : {'l', 'm', 's'}) {
-    vk::matmul_options().tile = tile;
+    choice().matmul_tile = tile;
     run({129, 31, 257, DType::f32, {}, {{}, true, 0}}, std::string("tile ") + tile);
     run({70, 130, 50, DType::bf16, {{2}, true, 0}, {}}, std::string("tile ") + tile);
   }
-  vk::matmul_options().tile = 0;
-  vk::matmul_options().splitk = 3;
+  choice().matmul_tile = 0;
+  choice().matmul_splitk = 3;
   run({33, 65, 700, DType::f32, {}, {}}, "split-K 3");
   run({33, 65, 700, DType::f16, {{2}, false, 0}, {{}, true, 0}}, "split-K 3");
 }
 
 TEST_F(VulkanMatmul, ScalarLarge) {
-  vk::matmul_options().kernel = vk::MatmulKernel::scalar;
+  choice().matmul = vk::MatmulKernel::scalar;
   run({512, 768, 1024, DType::f32, {}, {}}, "scalar large");
   run({512, 768, 1024, DType::f16, {}, {{}, true, 0}}, "scalar large");
 }
 
 TEST_F(VulkanMatmul, CoopmatKernel) {
   if (!vk::coopmat_available(dev_.index)) GTEST_SKIP() << "device has no cooperative matrices";
-  vk::matmul_options().kernel = vk::MatmulKernel::coopmat;
+  choice().matmul = vk::MatmulKernel::coopmat;
   for (char tile : {'l', 'm', 's'}) {
-    vk::matmul_options().tile = tile;
+    choice().matmul_tile = tile;
     for (const Case& c : cases()) run(c, std::string("coopmat tile ") + tile);
   }
-  vk::matmul_options().tile = 0;
-  vk::matmul_options().splitk = 3;
+  choice().matmul_tile = 0;
+  choice().matmul_splitk = 3;
   run({33, 65, 700, DType::f32, {}, {}}, "coopmat split-K 3");
   run({130, 260, 2000, DType::f16, {{2}, false, 0}, {{}, true, 0}}, "coopmat split-K 3");
-  vk::matmul_options().splitk = 0;
+  choice().matmul_splitk = 0;
   // Every tile interior, every operand vector-aligned: the fast kernel, for each layout of a linear layer.
   for (bool ta : {false, true})
     for (bool tb : {false, true}) {
       run({256, 512, 96, DType::bf16, {{}, ta, 0}, {{}, tb, 0}}, "coopmat fast");
-      std::string k = vk::last_matmul_kernel();
+      std::string k = last_;
       EXPECT_NE(k.find(" fast"), std::string::npos) << k << (ta ? " aT" : "") << (tb ? " bT" : "");
     }
   for (DType t : {DType::f32, DType::f16, DType::bf16}) {
@@ -216,7 +229,7 @@ TEST_F(VulkanMatmul, CoopmatKernel) {
 // 256x128 tile (fast kernel only) on every layout.
 TEST_F(VulkanMatmul, CoopmatSkinnyAndShortK) {
   if (!vk::coopmat_available(dev_.index)) GTEST_SKIP() << "device has no cooperative matrices";
-  vk::matmul_options().kernel = vk::MatmulKernel::coopmat;
+  choice().matmul = vk::MatmulKernel::coopmat;
   const bool skinny_kernel = vk::fragment_layout_is_mma(vk::context_for(dev_));
   struct Want {
     Case c;
@@ -235,7 +248,7 @@ TEST_F(VulkanMatmul, CoopmatSkinnyAndShortK) {
         };
         for (const Want& w : wants) {
           run(w.c, "coopmat skinny / short K");
-          std::string k = vk::last_matmul_kernel();
+          std::string k = last_;
           const bool skinny = skinny_kernel && t != DType::f32 && !ta && w.c.a.batch.empty() && w.c.N <= 32;
           EXPECT_NE(k.find(skinny ? "skinny" : w.kernel), std::string::npos) << describe(w.c) << ": " << k;
           if (!skinny) {
@@ -252,19 +265,19 @@ TEST_F(VulkanMatmul, CoopmatSkinnyAndShortK) {
                             Case{40, 2, 96, t, {}, {{}, tb, 0}}}) {
         run(c, "coopmat skinny");
         if (skinny_kernel) {
-          EXPECT_NE(vk::last_matmul_kernel().find("skinny"), std::string::npos) << describe(c);
+          EXPECT_NE(last_.find("skinny"), std::string::npos) << describe(c);
         }
       }
-  vk::matmul_options().tile = 'w';  // 256x128, fast kernel only
+  choice().matmul_tile = 'w';  // 256x128, fast kernel only
   for (DType t : {DType::bf16, DType::f32})
     for (bool ta : {false, true})
       for (bool tb : {false, true}) {
         Case c{512, 384, 96, t, {{}, ta, 0}, {{}, tb, 0}};
         run(c, "coopmat tile w");
-        EXPECT_NE(vk::last_matmul_kernel().find("256x128"), std::string::npos) << describe(c) << ": " << vk::last_matmul_kernel();
+        EXPECT_NE(last_.find("256x128"), std::string::npos) << describe(c) << ": " << last_;
       }
   for (char tile : {'w', 'n', 'q'}) {  // forced where they cannot run: the choice falls back to the other tiles
-    vk::matmul_options().tile = tile;
+    choice().matmul_tile = tile;
     for (const Case& c : cases()) run(c, std::string("coopmat tile ") + tile);
   }
 }
@@ -298,7 +311,7 @@ TEST(MatmulVectorStaging, Layouts) {
 TEST_F(VulkanMatmul, Coopmat2Kernel) {
   const vk::Features& f = vk::context_for(dev_).features();
   if (!f.cooperative_matrix2) GTEST_SKIP() << "device has no VK_NV_cooperative_matrix2";
-  vk::matmul_options().kernel = vk::MatmulKernel::automatic;
+  choice().matmul = vk::MatmulKernel::automatic;
   struct C2 {
     int64_t M, N, K;
     DType dt, out;
@@ -332,22 +345,65 @@ TEST_F(VulkanMatmul, Coopmat2Kernel) {
       Tensor u = Tensor::randn({c.M, c.R}, 13, 1.0f, DType::f16, dev_);
       Tensor v = make_operand({{}, c.tb, 0}, c.R, c.N, DType::f16, dev_, 14);
       y = apply1(std::make_shared<MatmulLowRank>(1.0f), {a, b, u, v}, {out, c.out});
+      const vk::LowRankTerm lr{&u, &v, 1.0f};
+      std::optional<vk::MatmulPlan> plan = vk::plan_matmul(vk::context_for(dev_), a, b, y, &lr);
+      last_ = plan ? plan->describe() : "composed";
       std::vector<double> uv = reference(u, v, {}, c.M, c.N, c.R);
       for (size_t i = 0; i < ref.size(); ++i) ref[i] += uv[i];
     } else {
       y = apply1(std::make_shared<Matmul>(), {a, b}, {out, c.out});
+      last_ = kernel_of(a, b, y);
     }
-    EXPECT_EQ(vk::last_matmul_kernel().rfind("coopmat2", 0), 0u) << vk::last_matmul_kernel();
+    EXPECT_EQ(last_.rfind("coopmat2", 0), 0u) << last_;
     EXPECT_LT(nmse(y.to_doubles(), ref), c.out == DType::f32 ? 1e-5 : 1e-4);
   }
 }
 
 TEST_F(VulkanMatmul, AutomaticChoice) {
-  vk::matmul_options().kernel = vk::MatmulKernel::automatic;
+  choice().matmul = vk::MatmulKernel::automatic;
   run({129, 31, 257, DType::f16, {}, {{}, true, 0}}, "auto");
-  std::string k = vk::last_matmul_kernel();
+  std::string k = last_;
   if (vk::coopmat_available(dev_.index)) EXPECT_EQ(k.rfind("coopmat", 0), 0u) << k;
   else EXPECT_EQ(k.rfind("scalar", 0), 0u) << k;
+}
+
+// The planner on its own: what it returns without recording anything, where the addend or the accumulation
+// cannot go into the kernel, and a forced kernel the device lacks.
+TEST_F(VulkanMatmul, PlanWithoutRecording) {
+  vk::Context& ctx = vk::context_for(dev_);
+  Tensor a = Tensor::randn({512, 1024}, 1, 1.0f, DType::f32, dev_);
+  Tensor b = Tensor::randn({1024, 768}, 2, 1.0f, DType::f32, dev_);
+  Tensor c = Tensor::empty({512, 768}, DType::f32, dev_);
+  std::optional<vk::MatmulPlan> p = vk::plan_matmul(ctx, a, b, c);
+  ASSERT_TRUE(p);
+  EXPECT_EQ(p->route, vk::MatmulRoute::scalar) << p->describe();  // f32 products stay exact
+  EXPECT_EQ(p->describe().rfind("scalar ", 0), 0u) << p->describe();
+  EXPECT_EQ(p->M, 512u);
+  EXPECT_EQ(p->N, 768u);
+  EXPECT_EQ(p->K, 1024u);
+  EXPECT_GE(p->k_split * p->nsplit, p->K);
+  EXPECT_LT(p->k_split * (p->nsplit - 1), p->K);  // no empty split
+  // Batched A [3, 64, 96] x B [96, 40]: both batch dims folded, no outer dispatches.
+  Tensor ab = Tensor::randn({3, 64, 96}, 3, 1.0f, DType::f32, dev_);
+  Tensor bb = Tensor::randn({96, 40}, 4, 1.0f, DType::f32, dev_);
+  Tensor cb = Tensor::empty({3, 64, 40}, DType::f32, dev_);
+  p = vk::plan_matmul(ctx, ab, bb, cb);
+  ASSERT_TRUE(p);
+  EXPECT_EQ(p->d1.size, 3);
+  EXPECT_EQ(p->d1.sb, 0);  // B broadcast
+  EXPECT_TRUE(p->outer.empty());
+  // A low-rank addend on a batched product, and an accumulation on the scalar kernel: composed by the caller.
+  Tensor u = Tensor::randn({64, 8}, 5, 1.0f, DType::f32, dev_);
+  Tensor v = Tensor::randn({8, 40}, 6, 1.0f, DType::f32, dev_);
+  const vk::LowRankTerm lr{&u, &v, 1.0f};
+  EXPECT_FALSE(vk::plan_matmul(ctx, ab, bb, cb, &lr));
+  const vk::Accumulate acc{nullptr};
+  choice().matmul = vk::MatmulKernel::scalar;
+  EXPECT_FALSE(vk::plan_matmul(ctx, a, b, c, nullptr, &acc));
+  if (!vk::coopmat_available(dev_.index)) {
+    choice().matmul = vk::MatmulKernel::coopmat;
+    EXPECT_THROW(vk::plan_matmul(ctx, a, b, c), DeviceError);
+  }
 }
 
 }  // namespace

@@ -74,31 +74,18 @@ TEST_P(Parity, LogitsLossAndGradients) {
   EXPECT_LT(e_loss, 1e-5);
 }
 
-// Sets an environment variable for a scope (restoring the previous value).
-struct ScopedEnv {
-  ScopedEnv(const char* name, const char* value) : name(name) {
-    if (const char* v = std::getenv(name)) old = v, had = true;
-    setenv(name, value, 1);
-  }
-  ~ScopedEnv() { had ? (void)setenv(name, old.c_str(), 1) : (void)unsetenv(name); }
-  const char* name;
-  std::string old;
-  bool had = false;
-};
-
 // models::loss uses the fused lm_head + cross-entropy (here in vocabulary chunks of 48 rows: 48 + 48 + 32):
 // loss and gradients — the tied embedding's included, soft-capping for Gemma — against the PyTorch reference
-// and against the unfused path (LMTUNE_FUSED_CE=0: full logits, then cross_entropy).
+// and against the unfused path (DecoderPaths::fused_loss off: full logits, then cross_entropy).
 TEST_P(Parity, FusedLossMatchesUnfused) {
   Reference ref(GetParam().arch);
   const Device d = device();
   std::vector<std::string> names = ref.grad_names();
-  ScopedEnv chunk("LMTUNE_FUSED_CE_CHUNK", "48");
   std::vector<double> losses;
   std::vector<std::vector<std::vector<float>>> grads;
-  for (const char* fused : {"1", "0"}) {
-    ScopedEnv mode("LMTUNE_FUSED_CE", fused);
+  for (bool fused : {true, false}) {
     Decoder model = load();
+    model.set_paths({.fused_loss = fused, .loss_vocab_chunk = 48});
     for (const std::string& n : names) slot(model, n)->set_requires_grad(true);
     if (model.config().tie_word_embeddings) model.weights().lm_head = model.weights().embed;
     ForwardOptions opt;
@@ -129,16 +116,16 @@ TEST_P(Parity, FusedLossMatchesUnfused) {
 }
 
 // The MLP's fused act(gate) * up (ops::gated_activation; SwiGLU here, GeGLU for Gemma) against the composition
-// of separate ops (LMTUNE_FUSED_GLU=0): logits and gradients, and both against the PyTorch reference.
+// of separate ops (DecoderPaths::fused_glu off): logits and gradients, and both against the PyTorch reference.
 TEST_P(Parity, FusedGluMatchesComposition) {
   Reference ref(GetParam().arch);
   const Device d = device();
   std::vector<std::string> names = ref.grad_names();
   std::vector<std::vector<float>> logits;
   std::vector<std::vector<std::vector<float>>> grads;
-  for (const char* fused : {"1", "0"}) {
-    ScopedEnv mode("LMTUNE_FUSED_GLU", fused);
+  for (bool fused : {true, false}) {
     Decoder model = load();
+    model.set_paths({.fused_glu = fused});
     for (const std::string& n : names) slot(model, n)->set_requires_grad(true);
     if (model.config().tie_word_embeddings) model.weights().lm_head = model.weights().embed;
     ForwardOptions opt;

@@ -5,6 +5,7 @@
 // (bf16-valued) inputs: the fused kernels accumulate in f32, so only the final rounding differs.
 #include <limits>
 
+#include "backend/vulkan/context.h"
 #include "backend/vulkan/flash_attention.h"
 #include "backend/vulkan/matmul.h"
 #include "core/autodiff.h"
@@ -152,16 +153,17 @@ TEST_P(OpTest, FlashAttentionMatchesReference) {
 namespace {
 void check_tensor_core_kernels(const Device& d, vk::FlashKernel kind) {
   struct Force {
-    explicit Force(vk::FlashKernel k) { vk::flash_kernel() = k; }
-    ~Force() { vk::flash_kernel() = vk::FlashKernel::automatic; }
-  } force(kind);
+    Force(const Device& d, vk::FlashKernel k) : choice(vk::context_for(d).kernel_choice()) { choice.flash = k; }
+    ~Force() { choice.flash = vk::FlashKernel::automatic; }
+    vk::KernelChoice& choice;
+  } force(d, kind);
   Tensor x = make_input({1, 70, 2, 64}, DType::bf16, d, 91);
   if (!vk::coopmat_available(d.index)) {
     EXPECT_THROW(ops::flash_attention(x, x, x, {}), DeviceError);
     GTEST_SKIP() << "device has no cooperative matrices";
   }
   ops::flash_attention(x, x, x, {});
-  const std::string ran = vk::last_flash_kernel();
+  const std::string ran = vk::flash_kernel_family(d, ops::attention_params(x, x, x, {}), x.dtype());
   if (kind == vk::FlashKernel::coopmat_shared) EXPECT_EQ(ran, "coopmat-shared");
   else EXPECT_TRUE(ran == "coopmat" || ran == "coopmat-shared") << ran;  // coopmat-shared off NVIDIA's layout
   // The register-softmax kernels take every head-dim class; the shared-memory ones stop at 64.

@@ -80,24 +80,17 @@ TEST_P(OpTest, LinearCrossEntropyMatchesUnfused) {
       }
 }
 
-// LMTUNE_LOSS_LOGITS set for one scope (the chunks' logits dtype when d hidden is computed in the forward).
-struct LogitsDtype {
-  explicit LogitsDtype(const char* v) { setenv("LMTUNE_LOSS_LOGITS", v, 1); }
-  ~LogitsDtype() { unsetenv("LMTUNE_LOSS_LOGITS"); }
-};
-
 // A frozen weight (the LoRA case): d hidden is computed in the forward pass (running lse over the chunks) and
 // equals the unfused one, for every dtype, soft-cap on and off, one chunk or several, with f32 logits and with
 // f16 logits (what tensor-core backends take without a soft-cap; a soft-cap keeps f32).
 TEST_P(OpTest, LinearCrossEntropyFrozenWeight) {
   const int64_t N = 13, C = 19, Vocab = 1000;
-  for (const char* logits : {"f32", "f16"})
+  for (DType logits : {DType::f32, DType::f16})
     for (DType dt : float_dtypes())
       for (float softcap : {0.0f, 2.5f})
         for (int64_t chunk : {int64_t(384), int64_t(0)}) {
-          LMTUNE_CASE(logits << " logits, " << dtype_name(dt) << " softcap " << softcap << " chunk " << chunk);
-          LogitsDtype forced(logits);
-          const bool z16 = std::string(logits) == "f16" && softcap == 0;
+          LMTUNE_CASE(dtype_name(logits) << " logits, " << dtype_name(dt) << " softcap " << softcap << " chunk " << chunk);
+          const bool z16 = logits == DType::f16 && softcap == 0;
           const double loss_tol = z16 ? tolerance(DType::f16) : 1e-10;
           const double grad_tol =
               z16 ? std::max(tolerance(DType::f16), tolerance_vs_unfused(dt)) : tolerance_vs_unfused(dt);
@@ -107,7 +100,7 @@ TEST_P(OpTest, LinearCrossEntropyFrozenWeight) {
           Tensor targets = test_targets(dev());
           Tensor g = Tensor::from_floats(random_values(N, 98, 0.5f, 1.5f, true), {N}, DType::f32, dev());
           auto fused = [&](const V& in) {
-            return V{ops::linear_cross_entropy(in[0], w, targets, -100, softcap, chunk)};
+            return V{ops::linear_cross_entropy(in[0], w, targets, -100, softcap, chunk, Tensor(), logits)};
           };
           auto unfused = [&](const V& in) { return V{reference_loss(in[0], w, targets, softcap)}; };
           auto [fo, fg] = lmtune::vjp(fused, {h}, {g});
@@ -118,7 +111,7 @@ TEST_P(OpTest, LinearCrossEntropyFrozenWeight) {
           Tensor wt = ops::contiguous(ops::transpose(w));
           auto [to, tgr] = lmtune::vjp(
               [&](const V& in) {
-                return V{ops::linear_cross_entropy(in[0], w, targets, -100, softcap, chunk, wt)};
+                return V{ops::linear_cross_entropy(in[0], w, targets, -100, softcap, chunk, wt, logits)};
               },
               {h}, {g});
           EXPECT_TRUE(agree(to[0], fo[0], loss_tol)) << "loss, transposed weight";

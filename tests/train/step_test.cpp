@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <fstream>
 
+#include "backend/vulkan/context.h"
 #include "backend/vulkan/matmul.h"
 #include "backend/vulkan/vulkan_backend.h"
 #include "core/autodiff.h"
@@ -271,10 +272,11 @@ TEST(TrainStep, LossScalingWhereBf16ProductsRoundToF16) {
   EXPECT_EQ(backend(gpu).rounds_bf16_products_to_f16(), coopmat);
   EXPECT_EQ(LossScaler::for_training("bf16", gpu).enabled, coopmat);
   EXPECT_FALSE(LossScaler::for_training("fp32", gpu).enabled);
-  const vk::MatmulKernel saved = vk::matmul_options().kernel;
-  vk::matmul_options().kernel = vk::MatmulKernel::scalar;  // exact f32 products of bf16: no scaling
+  vk::KernelChoice& choice = vk::context_for(gpu).kernel_choice();
+  const vk::MatmulKernel saved = choice.matmul;
+  choice.matmul = vk::MatmulKernel::scalar;  // exact f32 products of bf16: no scaling
   EXPECT_FALSE(LossScaler::for_training("bf16", gpu).enabled);
-  vk::matmul_options().kernel = saved;
+  choice.matmul = saved;
 }
 
 TEST(TrainStep, NanLossSkipsTheStep) {
@@ -297,15 +299,14 @@ TEST(TrainStep, NanLossSkipsTheStep) {
 namespace {
 
 // Peak bytes held (above the starting level) on the CPU over one micro-batch's loss + backward.
-size_t step_peak_bytes(const models::Decoder& model, const Batch& b, bool fused) {
-  setenv("LMTUNE_FUSED_CE", fused ? "1" : "0", 1);
+// The fused loss in chunks of 4096 vocabulary rows (4 MiB of logits; the default allows 256 MiB).
+size_t step_peak_bytes(models::Decoder& model, const Batch& b, bool fused) {
+  model.set_paths({.fused_loss = fused, .loss_vocab_chunk = 4096});
   Backend& be = backend(Device::cpu());
   const size_t base = be.bytes_in_use();
   be.reset_peak();
   backward(batch_loss_sum(model, b, false));
-  const size_t peak = be.peak_bytes() - base;
-  unsetenv("LMTUNE_FUSED_CE");
-  return peak;
+  return be.peak_bytes() - base;
 }
 
 }  // namespace
@@ -336,12 +337,10 @@ TEST(TrainStep, FusedLossLowersPeakMemory) {
     b.positions.push_back(t);
     b.doc_ids.push_back(0);
   }
-  setenv("LMTUNE_FUSED_CE_CHUNK", "4096", 1);  // 4 MiB of logits per chunk (the default allows 256 MiB)
   const size_t unfused = step_peak_bytes(model, b, false);
   const std::vector<float> g_unfused = model.weights().lm_head.grad().to_floats();
   model.weights().lm_head.zero_grad();
   const size_t fused = step_peak_bytes(model, b, true);
-  unsetenv("LMTUNE_FUSED_CE_CHUNK");
   const std::vector<float> g_fused = model.weights().lm_head.grad().to_floats();
   double err = 0, scale = 0;
   for (size_t i = 0; i < g_fused.size(); ++i) {

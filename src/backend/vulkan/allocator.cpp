@@ -3,7 +3,6 @@
 
 #include <algorithm>
 #include <cstdio>
-#include <cstdlib>
 
 #include <spdlog/spdlog.h>
 
@@ -54,12 +53,7 @@ Allocator::Allocator(Context& ctx) : ctx_(ctx) {
   VkDeviceSize heap = mp.memoryHeaps[heap_].size;
   // Small heaps (lavapipe's 2 GiB, integrated GPUs) get smaller blocks so that one block is not a big share.
   block_size_ = heap <= (8ull << 30) ? (64ull << 20) : (256ull << 20);
-  // LMTUNE_VK_BLOCK_MIB overrides it (tensors larger than a block get dedicated allocations): for experiments.
-  if (const char* env = std::getenv("LMTUNE_VK_BLOCK_MIB"); env && std::atoll(env) > 0)
-    block_size_ = VkDeviceSize(std::atoll(env)) << 20;
   max_allocation_ = ctx.properties().limits.maxStorageBufferRange;
-  // LMTUNE_VK_CACHE_FACTOR=0 gives empty blocks back beyond two spares (the old policy), for A/B timing.
-  if (const char* env = std::getenv("LMTUNE_VK_CACHE_FACTOR"); env && *env) cache_factor_ = std::max(0.0, std::atof(env));
 }
 
 Allocator::~Allocator() {

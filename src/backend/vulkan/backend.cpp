@@ -7,6 +7,7 @@
 
 #include "backend/vulkan/allocator.h"
 #include "backend/vulkan/context.h"
+#include "backend/vulkan/flash_attention.h"
 #include "backend/vulkan/matmul.h"
 #include "backend/vulkan/pipelines.h"
 #include "backend/vulkan/recorder.h"
@@ -88,9 +89,10 @@ class VulkanBackend final : public Backend {
     ctx_->allocator().reset_peak();
   }
   bool rounds_bf16_products_to_f16() const override {
-    return matmul_options().kernel != MatmulKernel::scalar && coopmat_available(ctx_->index());
+    return ctx_->kernel_choice().matmul != MatmulKernel::scalar && coopmat_available(ctx_->index());
   }
   bool prefers_transposed_weights() const override { return rounds_bf16_products_to_f16(); }
+  bool runs_fused_attention(int64_t head_dim) const override { return flash_attention_runs(*ctx_, head_dim); }
   size_t available_bytes() const override {
     std::lock_guard lock(ctx_->mutex());
     return size_t(ctx_->allocator().available());

@@ -13,6 +13,7 @@
 #include <spdlog/spdlog.h>
 
 #include "backend/vulkan/allocator.h"
+#include "backend/vulkan/environment.h"
 #include "backend/vulkan/pipelines.h"
 #include "backend/vulkan/recorder.h"
 #include "core/error.h"
@@ -101,13 +102,8 @@ std::vector<VkExtensionProperties> device_extensions(VkPhysicalDevice pd) {
   return v;
 }
 
-// Features named in LMTUNE_VK_DISABLE (comma-separated) are treated as absent: for testing fallbacks.
-bool disabled(const char* feature) {
-  const char* e = std::getenv("LMTUNE_VK_DISABLE");
-  if (!e) return false;
-  std::string s = std::string(",") + e + ",";
-  return s.find(std::string(",") + feature + ",") != std::string::npos;
-}
+// Features named in LMTUNE_VK_DISABLE are treated as absent: for testing fallbacks.
+bool disabled(const char* feature) { return vulkan_environment().is_disabled(feature); }
 
 struct InstanceState {
   VkInstance instance = VK_NULL_HANDLE;
@@ -140,7 +136,7 @@ InstanceState& instance_state() {
       ci.flags |= VK_INSTANCE_CREATE_ENUMERATE_PORTABILITY_BIT_KHR;
     }
     std::vector<const char*> layers;
-    if (const char* v = std::getenv("LMTUNE_VK_VALIDATION"); v && std::string(v) == "1") {
+    if (vulkan_environment().validation) {
       uint32_t nl = 0;
       if (vkEnumerateInstanceLayerProperties) vkEnumerateInstanceLayerProperties(&nl, nullptr);
       std::vector<VkLayerProperties> ls(nl);
@@ -308,6 +304,136 @@ const char* type_name(VkPhysicalDeviceType t) {
   }
 }
 
+struct QueueFamily {
+  uint32_t index, timestamp_bits;
+};
+
+// The first queue family with compute (on most drivers the universal one, fastest for copies too).
+QueueFamily compute_queue_family(VkPhysicalDevice phys, const std::string& name) {
+  uint32_t nf = 0;
+  vkGetPhysicalDeviceQueueFamilyProperties(phys, &nf, nullptr);
+  std::vector<VkQueueFamilyProperties> fams(nf);
+  vkGetPhysicalDeviceQueueFamilyProperties(phys, &nf, fams.data());
+  for (uint32_t i = 0; i < nf; ++i)
+    if (fams[i].queueFlags & VK_QUEUE_COMPUTE_BIT) return {i, fams[i].timestampValidBits};
+  throw DeviceError(name + " has no compute queue");
+}
+
+// What we use of what the device has (minus LMTUNE_VK_DISABLE).
+Features enabled_features(const DeviceQuery& q, uint32_t timestamp_bits) {
+  Features f;
+  f.subgroup_size = q.subgroup.subgroupSize;
+  f.timestamp_bits = timestamp_bits;
+  f.timestamps = f.timestamp_bits > 0 && q.props.limits.timestampPeriod > 0;
+  f.storage_16bit = q.s16.storageBuffer16BitAccess && !disabled("storage_16bit");
+  f.fp16_arithmetic = q.f16.shaderFloat16 && !disabled("fp16_arithmetic");
+  f.int16 = q.f2.features.shaderInt16;
+  f.vulkan_memory_model = q.mm.vulkanMemoryModel;
+  f.push_descriptor = has_extension(q.exts, "VK_KHR_push_descriptor") && vkCmdPushDescriptorSetKHR &&
+                      !disabled("push_descriptor");
+  f.memory_budget = has_extension(q.exts, "VK_EXT_memory_budget") && !disabled("memory_budget");
+  f.atomic_float_add = has_extension(q.exts, "VK_EXT_shader_atomic_float") && q.af.shaderBufferFloat32AtomicAdd &&
+                       !disabled("atomic_float");
+  f.cooperative_matrix = q.coopmat();
+  f.cooperative_matrix2 = q.coopmat2();
+  f.bf16_cooperative_matrix = q.bf16_coopmat();
+  f.host_mapping = !disabled("host_mapping");
+  f.pipeline_stats = vulkan_environment().pipeline_stats &&
+                     has_extension(q.exts, "VK_KHR_pipeline_executable_properties") &&
+                     vkGetPipelineExecutableStatisticsKHR && vkGetPipelineExecutablePropertiesKHR;
+  return f;
+}
+
+// The feature structs vkCreateDevice reads through its pNext chain, and the extensions to enable, for the
+// features f; the chain points into this object, which must outlive the call.
+struct DeviceFeatureChain {
+  VkPhysicalDeviceFeatures2 e2{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2};
+  VkPhysicalDevice16BitStorageFeatures e16{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_16BIT_STORAGE_FEATURES};
+  VkPhysicalDeviceShaderFloat16Int8Features ef16{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_FLOAT16_INT8_FEATURES};
+  VkPhysicalDeviceVulkanMemoryModelFeatures emm{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_MEMORY_MODEL_FEATURES};
+  VkPhysicalDeviceShaderAtomicFloatFeaturesEXT eaf{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_ATOMIC_FLOAT_FEATURES_EXT};
+  VkPhysicalDeviceCooperativeMatrixFeaturesNV ecm{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_COOPERATIVE_MATRIX_FEATURES_NV};
+  CoopMatFeaturesKHR ecmk;
+  CoopMat2FeaturesNV ecm2;
+  VkPhysicalDeviceBufferDeviceAddressFeatures ebda{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_BUFFER_DEVICE_ADDRESS_FEATURES};
+  Bfloat16FeaturesKHR ebf;
+  VkPhysicalDevicePipelineExecutablePropertiesFeaturesKHR epe{
+      VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PIPELINE_EXECUTABLE_PROPERTIES_FEATURES_KHR};
+  std::vector<const char*> exts;
+  void** tail = nullptr;
+
+  DeviceFeatureChain(const DeviceFeatureChain&) = delete;
+  DeviceFeatureChain(const DeviceQuery& q, const Features& f) {
+    e2.features.shaderInt16 = f.int16;
+    e16.storageBuffer16BitAccess = f.storage_16bit;
+    e16.uniformAndStorageBuffer16BitAccess = f.storage_16bit && q.s16.uniformAndStorageBuffer16BitAccess;
+    ef16.shaderFloat16 = f.fp16_arithmetic;
+    emm.vulkanMemoryModel = q.mm.vulkanMemoryModel;
+    emm.vulkanMemoryModelDeviceScope = q.mm.vulkanMemoryModelDeviceScope;
+    e2.pNext = &e16;
+    e16.pNext = &ef16;
+    ef16.pNext = &emm;
+    tail = &emm.pNext;
+    eaf.shaderBufferFloat32AtomicAdd = VK_TRUE;
+    if (f.atomic_float_add) append("VK_EXT_shader_atomic_float", &eaf, &eaf.pNext);
+    ecm.cooperativeMatrix = VK_TRUE;
+    if (f.cooperative_matrix) append("VK_NV_cooperative_matrix", &ecm, &ecm.pNext);
+    ecmk.cooperativeMatrix = VK_TRUE;
+    ecm2 = q.cm2;  // what the device has (the kernels use block loads' decode functions too)
+    // The decode functions take a buffer reference (SPIR-V's physical storage buffer addressing).
+    ebda.bufferDeviceAddress = VK_TRUE;
+    if (f.cooperative_matrix2) {
+      exts.push_back("VK_KHR_cooperative_matrix");
+      ecmk.pNext = &ecm2;
+      ecm2.pNext = &ebda;
+      append("VK_NV_cooperative_matrix2", &ecmk, &ebda.pNext);
+    }
+    ebf.shaderBFloat16Type = ebf.shaderBFloat16CooperativeMatrix = VK_TRUE;
+    if (f.bf16_cooperative_matrix) append("VK_KHR_shader_bfloat16", &ebf, &ebf.pNext);
+    epe.pipelineExecutableInfo = VK_TRUE;
+    if (f.pipeline_stats) append("VK_KHR_pipeline_executable_properties", &epe, &epe.pNext);
+    if (f.push_descriptor) exts.push_back("VK_KHR_push_descriptor");
+    if (f.memory_budget) exts.push_back("VK_EXT_memory_budget");
+    if (has_extension(q.exts, "VK_KHR_portability_subset")) exts.push_back("VK_KHR_portability_subset");
+  }
+  // Enables `ext` and links the struct `head` (whose last pNext is `next`) at the chain's end.
+  void append(const char* ext, void* head, void** next) {
+    exts.push_back(ext);
+    *tail = head;
+    tail = next;
+  }
+};
+
+VkDevice create_device(VkPhysicalDevice phys, const DeviceQuery& q, const Features& f, uint32_t queue_family,
+                       const std::string& name) {
+  DeviceFeatureChain chain(q, f);
+  float priority = 1.0f;
+  VkDeviceQueueCreateInfo qi{VK_STRUCTURE_TYPE_DEVICE_QUEUE_CREATE_INFO};
+  qi.queueFamilyIndex = queue_family;
+  qi.queueCount = 1;
+  qi.pQueuePriorities = &priority;
+  VkDeviceCreateInfo di{VK_STRUCTURE_TYPE_DEVICE_CREATE_INFO};
+  di.pNext = &chain.e2;
+  di.queueCreateInfoCount = 1;
+  di.pQueueCreateInfos = &qi;
+  di.enabledExtensionCount = uint32_t(chain.exts.size());
+  di.ppEnabledExtensionNames = chain.exts.data();
+  VkDevice device = VK_NULL_HANDLE;
+  check(vkCreateDevice(phys, &di, nullptr, &device), ("vkCreateDevice(" + name + ")").c_str());
+  return device;
+}
+
+// Fallbacks are loud: one line each, once per device.
+void log_fallbacks(const std::string& name, const Features& f) {
+  if (!f.storage_16bit) spdlog::info("{}: no 16-bit storage; f16/bf16 kernels use the packed-uint32 fallback", name);
+  if (!f.push_descriptor) spdlog::info("{}: no VK_KHR_push_descriptor; using descriptor pools", name);
+  if (!f.memory_budget) spdlog::info("{}: no VK_EXT_memory_budget; the heap size is the memory budget", name);
+  if (!f.atomic_float_add)
+    spdlog::info("{}: no float atomic add; embedding backward uses a compare-and-swap loop", name);
+  if (!f.cooperative_matrix) spdlog::info("{}: no cooperative matrices; matmul uses the scalar kernels", name);
+  if (!f.timestamps) spdlog::info("{}: no timestamp queries; kernel profiling is unavailable", name);
+}
+
 std::mutex g_contexts_mu;
 std::set<Context*> g_contexts;
 
@@ -348,125 +474,12 @@ Context::Context(int index) : index_(index) {
   props_ = q.props;
   vkGetPhysicalDeviceMemoryProperties(phys_, &mem_props_);
   name_ = "vulkan:" + std::to_string(index) + " (" + props_.deviceName + ")";
-
-  // Queue: the first family with compute (on most drivers the universal one, fastest for copies too).
-  uint32_t nf = 0;
-  vkGetPhysicalDeviceQueueFamilyProperties(phys_, &nf, nullptr);
-  std::vector<VkQueueFamilyProperties> fams(nf);
-  vkGetPhysicalDeviceQueueFamilyProperties(phys_, &nf, fams.data());
-  queue_family_ = UINT32_MAX;
-  for (uint32_t i = 0; i < nf && queue_family_ == UINT32_MAX; ++i)
-    if (fams[i].queueFlags & VK_QUEUE_COMPUTE_BIT) queue_family_ = i;
-  if (queue_family_ == UINT32_MAX) throw DeviceError(name_ + " has no compute queue");
-
-  // Features: enable what we use when present; record what we got.
-  Features& f = features_;
-  f.subgroup_size = q.subgroup.subgroupSize;
-  f.timestamp_bits = fams[queue_family_].timestampValidBits;
-  f.timestamps = f.timestamp_bits > 0 && props_.limits.timestampPeriod > 0;
-  f.storage_16bit = q.s16.storageBuffer16BitAccess && !disabled("storage_16bit");
-  f.fp16_arithmetic = q.f16.shaderFloat16 && !disabled("fp16_arithmetic");
-  f.int16 = q.f2.features.shaderInt16;
-  f.vulkan_memory_model = q.mm.vulkanMemoryModel;
-  f.push_descriptor = has_extension(q.exts, "VK_KHR_push_descriptor") && vkCmdPushDescriptorSetKHR &&
-                      !disabled("push_descriptor");
-  f.memory_budget = has_extension(q.exts, "VK_EXT_memory_budget") && !disabled("memory_budget");
-  f.atomic_float_add = has_extension(q.exts, "VK_EXT_shader_atomic_float") && q.af.shaderBufferFloat32AtomicAdd &&
-                       !disabled("atomic_float");
-  f.cooperative_matrix = q.coopmat();
-  f.cooperative_matrix2 = q.coopmat2();
-  f.bf16_cooperative_matrix = q.bf16_coopmat();
-  f.host_mapping = !disabled("host_mapping");
-  const char* stats_env = std::getenv("LMTUNE_PIPELINE_STATS");
-  f.pipeline_stats = stats_env && std::string(stats_env) == "1" &&
-                     has_extension(q.exts, "VK_KHR_pipeline_executable_properties") &&
-                     vkGetPipelineExecutableStatisticsKHR && vkGetPipelineExecutablePropertiesKHR;
-
-  VkPhysicalDeviceFeatures2 e2{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2};
-  e2.features.shaderInt16 = f.int16;
-  VkPhysicalDevice16BitStorageFeatures e16{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_16BIT_STORAGE_FEATURES};
-  e16.storageBuffer16BitAccess = f.storage_16bit;
-  e16.uniformAndStorageBuffer16BitAccess = f.storage_16bit && q.s16.uniformAndStorageBuffer16BitAccess;
-  VkPhysicalDeviceShaderFloat16Int8Features ef16{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_FLOAT16_INT8_FEATURES};
-  ef16.shaderFloat16 = f.fp16_arithmetic;
-  VkPhysicalDeviceVulkanMemoryModelFeatures emm{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_MEMORY_MODEL_FEATURES};
-  emm.vulkanMemoryModel = q.mm.vulkanMemoryModel;
-  emm.vulkanMemoryModelDeviceScope = q.mm.vulkanMemoryModelDeviceScope;
-  VkPhysicalDeviceShaderAtomicFloatFeaturesEXT eaf{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_ATOMIC_FLOAT_FEATURES_EXT};
-  eaf.shaderBufferFloat32AtomicAdd = VK_TRUE;
-  VkPhysicalDeviceCooperativeMatrixFeaturesNV ecm{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_COOPERATIVE_MATRIX_FEATURES_NV};
-  ecm.cooperativeMatrix = VK_TRUE;
-  e2.pNext = &e16;
-  e16.pNext = &ef16;
-  ef16.pNext = &emm;
-  void** tail = &emm.pNext;
-  std::vector<const char*> exts;
-  if (f.atomic_float_add) {
-    exts.push_back("VK_EXT_shader_atomic_float");
-    *tail = &eaf;
-    tail = &eaf.pNext;
-  }
-  if (f.cooperative_matrix) {
-    exts.push_back("VK_NV_cooperative_matrix");
-    *tail = &ecm;
-    tail = &ecm.pNext;
-  }
-  CoopMatFeaturesKHR ecmk;
-  ecmk.cooperativeMatrix = VK_TRUE;
-  CoopMat2FeaturesNV ecm2 = q.cm2;  // what the device has (the kernels use block loads' decode functions too)
-  ecm2.pNext = nullptr;
-  // The decode functions take a buffer reference (SPIR-V's physical storage buffer addressing).
-  VkPhysicalDeviceBufferDeviceAddressFeatures ebda{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_BUFFER_DEVICE_ADDRESS_FEATURES};
-  ebda.bufferDeviceAddress = VK_TRUE;
-  Bfloat16FeaturesKHR ebf;
-  ebf.shaderBFloat16Type = ebf.shaderBFloat16CooperativeMatrix = VK_TRUE;
-  if (f.cooperative_matrix2) {
-    exts.insert(exts.end(), {"VK_KHR_cooperative_matrix", "VK_NV_cooperative_matrix2"});
-    *tail = &ecmk;
-    ecmk.pNext = &ecm2;
-    ecm2.pNext = &ebda;
-    tail = &ebda.pNext;
-  }
-  if (f.bf16_cooperative_matrix) {
-    exts.push_back("VK_KHR_shader_bfloat16");
-    *tail = &ebf;
-    tail = &ebf.pNext;
-  }
-  VkPhysicalDevicePipelineExecutablePropertiesFeaturesKHR epe{
-      VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PIPELINE_EXECUTABLE_PROPERTIES_FEATURES_KHR};
-  epe.pipelineExecutableInfo = VK_TRUE;
-  if (f.pipeline_stats) {
-    exts.push_back("VK_KHR_pipeline_executable_properties");
-    *tail = &epe;
-    tail = &epe.pNext;
-  }
-  if (f.push_descriptor) exts.push_back("VK_KHR_push_descriptor");
-  if (f.memory_budget) exts.push_back("VK_EXT_memory_budget");
-  if (has_extension(q.exts, "VK_KHR_portability_subset")) exts.push_back("VK_KHR_portability_subset");
-
-  float priority = 1.0f;
-  VkDeviceQueueCreateInfo qi{VK_STRUCTURE_TYPE_DEVICE_QUEUE_CREATE_INFO};
-  qi.queueFamilyIndex = queue_family_;
-  qi.queueCount = 1;
-  qi.pQueuePriorities = &priority;
-  VkDeviceCreateInfo di{VK_STRUCTURE_TYPE_DEVICE_CREATE_INFO};
-  di.pNext = &e2;
-  di.queueCreateInfoCount = 1;
-  di.pQueueCreateInfos = &qi;
-  di.enabledExtensionCount = uint32_t(exts.size());
-  di.ppEnabledExtensionNames = exts.data();
-  check(vkCreateDevice(phys_, &di, nullptr, &device_), ("vkCreateDevice(" + name_ + ")").c_str());
+  const QueueFamily family = compute_queue_family(phys_, name_);
+  queue_family_ = family.index;
+  features_ = enabled_features(q, family.timestamp_bits);
+  device_ = create_device(phys_, q, features_, queue_family_, name_);
   vkGetDeviceQueue(device_, queue_family_, 0, &queue_);
-
-  // Fallbacks are loud: one line each, once per device.
-  if (!f.storage_16bit)
-    spdlog::info("{}: no 16-bit storage; f16/bf16 kernels use the packed-uint32 fallback", name_);
-  if (!f.push_descriptor) spdlog::info("{}: no VK_KHR_push_descriptor; using descriptor pools", name_);
-  if (!f.memory_budget) spdlog::info("{}: no VK_EXT_memory_budget; the heap size is the memory budget", name_);
-  if (!f.atomic_float_add)
-    spdlog::info("{}: no float atomic add; embedding backward uses a compare-and-swap loop", name_);
-  if (!f.cooperative_matrix) spdlog::info("{}: no cooperative matrices; matmul uses the scalar kernels", name_);
-  if (!f.timestamps) spdlog::info("{}: no timestamp queries; kernel profiling is unavailable", name_);
+  log_fallbacks(name_, features_);
 
   allocator_ = std::make_unique<Allocator>(*this);
   recorder_ = std::make_unique<Recorder>(*this);

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "backend/vulkan/kernel_choice.h"
 #include "backend/vulkan/vk_api.h"
 #include "backend/vulkan/vulkan_backend.h"
 #include "core/backend.h"
@@ -77,6 +78,8 @@ class Context {
   Allocator& allocator() { return *allocator_; }
   Recorder& recorder() { return *recorder_; }
   Pipelines& pipelines() { return *pipelines_; }
+  // Which kernels run where an op has several (automatic unless a test forces one).
+  KernelChoice& kernel_choice() { return kernel_choice_; }
   // Guards the allocator, recorder and pipelines: every entry point into a context takes it.
   std::recursive_mutex& mutex() { return mu_; }
 
@@ -105,6 +108,7 @@ class Context {
   VkDevice device_ = VK_NULL_HANDLE;
   VkQueue queue_ = VK_NULL_HANDLE;
   uint32_t queue_family_ = 0;
+  KernelChoice kernel_choice_;
   std::recursive_mutex mu_;
   std::unique_ptr<Allocator> allocator_;
   std::unique_ptr<Recorder> recorder_;

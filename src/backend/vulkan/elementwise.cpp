@@ -2,7 +2,6 @@
 // elementwise launcher that copy.cpp shares. Kernels: kernels/elementwise.comp, kernels/gated_activation.comp.
 #include <algorithm>
 #include <cstdlib>
-#include <cstring>
 
 #include "backend/vulkan/kernel_util.h"
 #include "core/error.h"
@@ -14,14 +13,6 @@ uint32_t u32(int64_t v, const char* what) {
   if (v < 0 || v > int64_t(UINT32_MAX))
     throw ShapeError(std::string("vulkan: ") + what + " " + std::to_string(v) + " does not fit the kernels' 32-bit indices");
   return uint32_t(v);
-}
-
-bool vector_paths() {
-  static const bool on = [] {
-    const char* v = std::getenv("LMTUNE_VK_NO_VEC");
-    return !(v && *v && std::strcmp(v, "0") != 0);
-  }();
-  return on;
 }
 
 void collapse_dims(Shape& shape, std::vector<Strides>& strides) {
@@ -76,7 +67,7 @@ void launch(Context& ctx, const std::string& kernel, const std::vector<Tensor>& 
   p.op = op;
   p.param = param;
   // Vector path: dense and every offset a multiple of 4 elements; 4 elements per item, 4 items per invocation.
-  bool vec = contiguous && vector_paths();
+  bool vec = contiguous;
   for (size_t t = 0; t < tensors.size() && vec; ++t) vec = p.offsets[t] % 4 == 0;
   if (vec) p.contiguous = 2;
   // The *_wide builds (binary, where, copy): 8 elements per item where some tensor is 16-bit and every offset is a
@@ -156,7 +147,7 @@ void run_gated_activation(const std::string& kernel, UnaryOp act, const std::vec
     b.push_back(t < inputs.size() ? vk::in(tensors[t]) : vk::out(tensors[t]));
   }
   p.op = uint32_t(act);
-  p.vec = vk::vector_paths();
+  p.vec = true;
   bool wide = p.vec && kernel == "gated_activation";  // gated_activation_wide: every tensor 16-bit, 8-aligned
   for (size_t t = 0; t < tensors.size(); ++t) {
     p.vec = p.vec && p.offsets[t] % 4 == 0;

@@ -8,7 +8,6 @@
 #include "backend/vulkan/flash_attention.h"
 
 #include <algorithm>
-#include <cstdlib>
 #include <mutex>
 #include <string>
 
@@ -69,11 +68,11 @@ constexpr uint32_t kSharedBytes = 32768;  // the most any variant uses (see the 
 std::string head_dim_class(const Context& ctx, int64_t D) {
   if (D > 256)
     throw ShapeError("vulkan flash attention: head dim " + std::to_string(D) +
-                     " exceeds 256; LMTUNE_ATTENTION=reference runs the composed attention instead");
+                     " exceeds 256 (ops::attention composes it instead)");
   if (ctx.properties().limits.maxComputeSharedMemorySize < kSharedBytes)
     throw DeviceError("vulkan flash attention needs 32 KiB of shared memory, the device has " +
                       std::to_string(ctx.properties().limits.maxComputeSharedMemorySize) +
-                      " bytes; LMTUNE_ATTENTION=reference runs the composed attention instead");
+                      " bytes (ops::attention composes it instead)");
   return D <= 64 ? "_d64" : D <= 128 ? "_d128" : "_d256";
 }
 
@@ -132,24 +131,20 @@ void check_grid(uint32_t blocks, const char* what) {
   if (blocks > 65535) throw ShapeError(std::string("vulkan flash attention: too many ") + what + " blocks");
 }
 
-std::mutex g_last_mu;
-std::string g_last = "none";
-
-// Which kernels these inputs take (see flash_kernel() in flash_attention.h): "" (portable), "rs" (tensor cores,
+// Which kernels these inputs take (see flash_attention.h): "" (portable), "rs" (tensor cores,
 // scores in registers; every head-dim class) or "cm" (tensor cores, scores through shared memory; D <= 64).
 std::string tensor_core_family(Context& ctx, const FlashAttentionParams& p, DType q_dtype) {
   const Features& f = ctx.features();
   bool device_ok = f.cooperative_matrix && f.storage_16bit && f.subgroup_size == 32 &&
                    ctx.properties().limits.maxComputeSharedMemorySize >= 48 * 1024;
-  const FlashKernel mode = flash_kernel();
+  const FlashKernel mode = ctx.kernel_choice().flash;
   const bool forced = mode == FlashKernel::coopmat || mode == FlashKernel::coopmat_shared;
   if (forced && !device_ok)
-    throw DeviceError("flash attention: the tensor-core kernels were forced (LMTUNE_FLASH_KERNEL) but " + ctx.name() +
+    throw DeviceError("flash attention: the tensor-core kernels were forced but " + ctx.name() +
                       " has no VK_NV_cooperative_matrix with subgroup size 32 and 48 KiB of shared memory");
   bool use = forced;
   if (mode == FlashKernel::automatic) {
-    const MatmulOptions& mo = matmul_options();
-    bool tensor_cores = mo.kernel != MatmulKernel::scalar && !(q_dtype == DType::f32 && mo.f32_exact);
+    const bool tensor_cores = ctx.kernel_choice().matmul != MatmulKernel::scalar && q_dtype != DType::f32;
     use = device_ok && tensor_cores && p.T * p.G() >= 64;
   }
   std::string family;
@@ -167,8 +162,6 @@ std::string tensor_core_family(Context& ctx, const FlashAttentionParams& p, DTyp
       });
     }
   }
-  std::lock_guard lock(g_last_mu);
-  g_last = family.empty() ? "portable" : family == "rs" ? "coopmat" : "coopmat-shared";
   return family;
 }
 
@@ -200,21 +193,13 @@ uint32_t vec_out_flag(const FlashPush& f) { return f.D % 8 == 0 && f.y_off % 8 =
 
 }  // namespace
 
-FlashKernel& flash_kernel() {
-  static FlashKernel k = [] {
-    const char* s = std::getenv("LMTUNE_FLASH_KERNEL");
-    std::string v = s ? s : "";
-    return v == "portable"         ? FlashKernel::portable
-           : v == "coopmat"        ? FlashKernel::coopmat
-           : v == "coopmat-shared" ? FlashKernel::coopmat_shared
-                                   : FlashKernel::automatic;
-  }();
-  return k;
+bool flash_attention_runs(const Context& ctx, int64_t head_dim) {
+  return head_dim <= 256 && ctx.properties().limits.maxComputeSharedMemorySize >= kSharedBytes;
 }
 
-std::string last_flash_kernel() {
-  std::lock_guard lock(g_last_mu);
-  return g_last;
+std::string flash_kernel_family(Device d, const FlashAttentionParams& p, DType q_dtype) {
+  const std::string family = tensor_core_family(context_for(d), p, q_dtype);
+  return family.empty() ? "portable" : family == "rs" ? "coopmat" : "coopmat-shared";
 }
 
 }  // namespace lmtune::vk

@@ -42,10 +42,6 @@ static_assert(sizeof(ElementwisePush) <= 128);
 // broadcast inputs have stride 0.
 void run_elementwise(const std::string& kernel, const std::vector<Tensor>& tensors, uint32_t op, float param);
 
-// False when LMTUNE_VK_NO_VEC=1: the dense 4-element (vec4) fast paths of the elementwise, norm, softmax and
-// reduce kernels are not taken (A/B timing and debugging; results are the same up to summation order).
-bool vector_paths();
-
 // Strided copy with dtype conversion (the Copy primitive's kernel).
 void copy_tensor(const Tensor& src, const Tensor& dst);
 // x itself if dense (contiguous, any offset), else a dense copy on the same device.

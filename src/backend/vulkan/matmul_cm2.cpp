@@ -1,5 +1,5 @@
-// The cooperative-matrix-2 product (see matmul_cm2.h): checks that the operands suit kernels/matmul_cm2.comp and
-// records it. Its builds need glslang 15 (cmake/kernels.cmake); a binary built without them says so once and
+// The cooperative-matrix-2 product (see matmul_cm2.h): whether the operands suit kernels/matmul_cm2.comp, and its
+// dispatch. Its builds need glslang 15 (cmake/kernels.cmake); a binary built without them says so once and
 // keeps to the other kernels.
 #include "backend/vulkan/matmul_cm2.h"
 
@@ -33,6 +33,7 @@ constexpr int64_t kMinK = 1024;
 
 bool is16(DType t) { return t == DType::f16 || t == DType::bf16; }
 bool aligned(int64_t v) { return v % 8 == 0; }
+bool transposed(const Tensor& b) { return b.strides()[0] == 1 && b.strides()[1] != 1; }
 
 // Row stride of a 2-dim operand stored row-major (transposed: of its transpose), or 0 where it is neither or its
 // rows and offset are not 16-byte aligned.
@@ -45,31 +46,26 @@ int64_t row_stride(const Tensor& t, bool transposed) {
 
 }  // namespace
 
-bool record_matmul_cm2(Context& ctx, const Tensor& a, const Tensor& b, Tensor& c, const LowRankTerm* lr,
-                       std::string& name) {
-  name.clear();
+std::string cm2_kernel(Context& ctx, const Tensor& a, const Tensor& b, const Tensor& c, const LowRankTerm* lr) {
   const Features& f = ctx.features();
-  if (!f.cooperative_matrix2 || a.ndim() != 2 || b.ndim() != 2 || c.ndim() != 2) return false;
+  if (!f.cooperative_matrix2 || a.ndim() != 2 || b.ndim() != 2 || c.ndim() != 2) return "";
   const DType dt = a.dtype();
-  if (!is16(dt) || b.dtype() != dt || (dt == DType::bf16 && !f.bf16_cooperative_matrix)) return false;
-  if (c.dtype() != dt && c.dtype() != DType::f32) return false;
+  if (!is16(dt) || b.dtype() != dt || (dt == DType::bf16 && !f.bf16_cooperative_matrix)) return "";
+  if (c.dtype() != dt && c.dtype() != DType::f32) return "";
   const int64_t M = c.dim(0), N = c.dim(1), K = a.dim(1);
   const int64_t tiles_m = (M + kTileM - 1) / kTileM, tiles_n = (N + kTileN - 1) / kTileN;
   if (K < kMinK || tiles_m * tiles_n < kMinTiles ||
       double(tiles_m * kTileM) * double(tiles_n * kTileN) > (1 + kMaxEdgeWaste) * double(M) * double(N))
-    return false;
-  const bool tb = b.strides()[0] == 1 && b.strides()[1] != 1;
-  const int64_t a_rs = row_stride(a, false), b_rs = row_stride(b, tb);
-  if (!a_rs || !b_rs || c.strides()[1] != 1 || c.strides()[0] != N || !aligned(N) || !aligned(c.offset())) return false;
-  Cm2Params p{};
+    return "";
+  const bool tb = transposed(b);
+  if (!row_stride(a, false) || !row_stride(b, tb) || c.strides()[1] != 1 || c.strides()[0] != N || !aligned(N) ||
+      !aligned(c.offset()))
+    return "";
   if (lr) {
     const Tensor &u = *lr->u, &v = *lr->v;
-    const int64_t u_rs = row_stride(u, false), v_rs = row_stride(v, tb);
-    if (lr->alpha != 1.0f || !is16(u.dtype()) || v.dtype() != u.dtype() || !u_rs || !v_rs || !aligned(u.dim(1)))
-      return false;
-    p.u_off = uint32_t(u.offset()), p.u_rs = uint32_t(u_rs), p.v_off = uint32_t(v.offset()), p.v_rs = uint32_t(v_rs);
-    p.R = uint32_t(u.dim(1));
-    p.flags = u.dtype() == DType::bf16 ? 1u : 0u;
+    if (lr->alpha != 1.0f || !is16(u.dtype()) || v.dtype() != u.dtype() || !row_stride(u, false) ||
+        !row_stride(v, tb) || !aligned(u.dim(1)))
+      return "";
   }
   const std::string kernel = std::string("matmul_cm2_") + (dt == DType::bf16 ? "bf16" : "f16") + (tb ? "_t" : "_n") +
                              (c.dtype() == DType::f32 ? "_c32" : "_c16");
@@ -80,16 +76,29 @@ bool record_matmul_cm2(Context& ctx, const Tensor& a, const Tensor& b, Tensor& c
                    "(scripts/build_glslang.sh, then rebuild); products take the slower VK_NV_cooperative_matrix ones",
                    ctx.name());
     });
-    return false;
+    return "";
+  }
+  return kernel;
+}
+
+void record_cm2(Context& ctx, const std::string& kernel, const Tensor& a, const Tensor& b, Tensor& c,
+                const LowRankTerm* lr) {
+  const int64_t M = c.dim(0), N = c.dim(1), K = a.dim(1);
+  const bool tb = transposed(b);
+  Cm2Params p{};
+  if (lr) {
+    const Tensor &u = *lr->u, &v = *lr->v;
+    p.u_off = uint32_t(u.offset()), p.u_rs = uint32_t(row_stride(u, false));
+    p.v_off = uint32_t(v.offset()), p.v_rs = uint32_t(row_stride(v, tb));
+    p.R = uint32_t(u.dim(1));
+    p.flags = u.dtype() == DType::bf16 ? 1u : 0u;
   }
   p.M = uint32_t(M), p.N = uint32_t(N), p.K = uint32_t(K);
-  p.a_off = uint32_t(a.offset()), p.a_rs = uint32_t(a_rs);
-  p.b_off = uint32_t(b.offset()), p.b_rs = uint32_t(b_rs);
+  p.a_off = uint32_t(a.offset()), p.a_rs = uint32_t(row_stride(a, false));
+  p.b_off = uint32_t(b.offset()), p.b_rs = uint32_t(row_stride(b, tb));
   p.c_off = uint32_t(c.offset()), p.c_rs = uint32_t(N);
   ctx.dispatch(kernel, {in(a), in(b), out(c), in(lr ? *lr->u : a), in(lr ? *lr->v : b)}, p,
                {uint32_t((N + kTileN - 1) / kTileN), uint32_t((M + kTileM - 1) / kTileM), 1});
-  name = std::string("coopmat2 128x256 ") + (tb ? "nt" : "nn");
-  return true;
 }
 
 }  // namespace lmtune::vk

@@ -4,7 +4,6 @@
 #include "backend/vulkan/matmul_skinny.h"
 
 #include <cstdint>
-#include <cstdlib>
 #include <string>
 
 #include "backend/vulkan/fragment_layout.h"
@@ -24,33 +23,28 @@ struct SkinnyParams {
 
 uint32_t code(DType t) { return t == DType::f32 ? 0 : t == DType::f16 ? 1 : 2; }
 
-bool enabled() {
-  static const bool on = [] {
-    const char* e = std::getenv("LMTUNE_MATMUL_SKINNY");  // 0: the general tiles (A/B timing)
-    return !(e && std::string(e) == "0");
-  }();
-  return on;
-}
-
 }  // namespace
 
-bool record_skinny(Context& ctx, const Tensor& a, const Tensor& b, Tensor& c, float alpha) {
-  const int64_t M = c.dim(-2), N = c.dim(-1), K = a.dim(-1);
-  const int64_t a_rs = a.strides()[size_t(a.ndim() - 2)], a_cs = a.strides().back();
-  const int64_t c_rs = c.strides()[size_t(c.ndim() - 2)], c_cs = c.strides().back();
+bool skinny_takes(Context& ctx, const Tensor& a, const Tensor& b, const Tensor& c) {
+  if (a.ndim() != 2 || b.ndim() != 2 || c.ndim() != 2 || c.numel() == 0) return false;
+  const int64_t M = c.dim(0), N = c.dim(1), K = a.dim(1);
+  const int64_t a_rs = a.strides()[0], a_cs = a.strides()[1], c_rs = c.strides()[0], c_cs = c.strides()[1];
   const bool a16 = a.dtype() == DType::f16 || a.dtype() == DType::bf16;
-  if (!enabled() || !a16 || N > 32 || N % 2 != 0 || K % 32 != 0 || K == 0 || M > int64_t(65535) * 32) return false;
+  if (!a16 || N > 32 || N % 2 != 0 || K % 32 != 0 || K == 0 || M > int64_t(65535) * 32) return false;
   if (a_cs != 1 || a_rs % 8 != 0 || a.offset() % 8 != 0 || c_cs != 1 || c_rs % 2 != 0 || c.offset() % 2 != 0)
     return false;
-  for (const Tensor* t : {&a, &b, static_cast<const Tensor*>(&c)})  // 32-bit element offsets in the kernel
+  for (const Tensor* t : {&a, &b, &c})  // 32-bit element offsets in the kernel
     if (t->buffer()->bytes() > (uint64_t(1) << 32) - 1) return false;
-  if (!fragment_layout_is_mma(ctx)) return false;
-  SkinnyParams p{uint32_t(M), uint32_t(N), uint32_t(K), uint32_t(a.offset()), uint32_t(a_rs), uint32_t(b.offset()),
-                 uint32_t(b.strides()[size_t(b.ndim() - 2)]), uint32_t(b.strides().back()), uint32_t(c.offset()),
-                 uint32_t(c_rs), alpha};
+  return fragment_layout_is_mma(ctx);
+}
+
+void record_skinny(Context& ctx, const Tensor& a, const Tensor& b, Tensor& c, float alpha) {
+  const int64_t M = c.dim(0), N = c.dim(1), K = a.dim(1);
+  SkinnyParams p{uint32_t(M), uint32_t(N), uint32_t(K), uint32_t(a.offset()), uint32_t(a.strides()[0]),
+                 uint32_t(b.offset()), uint32_t(b.strides()[0]), uint32_t(b.strides()[1]), uint32_t(c.offset()),
+                 uint32_t(c.strides()[0]), alpha};
   ctx.dispatch(N <= 16 ? "matmul_skinny_n1" : "matmul_skinny_n2", {in(a), in(b), out(c)}, p,
                {uint32_t((M + 31) / 32), 1, 1}, {code(a.dtype()), code(b.dtype()), code(c.dtype())});
-  return true;
 }
 
 }  // namespace lmtune::vk

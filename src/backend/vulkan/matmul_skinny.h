@@ -6,10 +6,11 @@
 
 namespace lmtune::vk {
 
-// Records the product and returns true where the skinny kernel takes it (unbatched; A f16 or bf16 with unit
-// k stride and rows and offset multiples of 8 elements; K a multiple of 32; N even and at most 32; C with unit
-// column stride and even row stride and offset; a device with the mma.sync fragment layout), else records
-// nothing and returns false. C = alpha A B. LMTUNE_MATMUL_SKINNY=0 turns it off.
-bool record_skinny(Context& ctx, const Tensor& a, const Tensor& b, Tensor& c, float alpha = 1.0f);
+// Whether the skinny kernel takes C = A B: unbatched; A f16 or bf16 with unit k stride and rows and offset
+// multiples of 8 elements; K a multiple of 32; N even and at most 32; C with unit column stride and even row stride
+// and offset; a device with the mma.sync fragment layout.
+bool skinny_takes(Context& ctx, const Tensor& a, const Tensor& b, const Tensor& c);
+// Records C = alpha A B on it (skinny_takes).
+void record_skinny(Context& ctx, const Tensor& a, const Tensor& b, Tensor& c, float alpha = 1.0f);
 
 }  // namespace lmtune::vk

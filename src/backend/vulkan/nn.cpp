@@ -42,7 +42,7 @@ void rms_norm_rows(const Tensor& x_in, const Tensor& w_in, const Tensor& y, cons
   int64_t c = x.shape().back();
   NormPush p{u32(c, "row length"), u32(x.numel() / c, "rows"), elem_offset(x), elem_offset(w), 0, elem_offset(y),
              0, elem_offset(rstd), uint32_t(x.dtype()) | uint32_t(w.dtype()) << 4 | uint32_t(y.dtype()) << 12, eps, 0};
-  p.vec = vector_paths() && p.c % 4 == 0 && p.x_off % 4 == 0 && p.w_off % 4 == 0 && p.y_off % 4 == 0;
+  p.vec = p.c % 4 == 0 && p.x_off % 4 == 0 && p.w_off % 4 == 0 && p.y_off % 4 == 0;
   if (p.vec && p.c % 8 == 0 && p.x_off % 8 == 0 && p.w_off % 8 == 0 && p.y_off % 8 == 0 && dtype_size(x.dtype()) == 2)
     p.vec = 2;  // 16-byte loads
   ctx.dispatch(variant(ctx, "rms_norm"), {in(x), in(w), out(y), out(rstd)}, p,
@@ -60,7 +60,7 @@ void rms_norm_grad_rows(const Tensor& x_in, const Tensor& w_in, const Tensor& rs
                 elem_offset(g), elem_offset(dx),
                 uint32_t(x.dtype()) | uint32_t(w.dtype()) << 4 | uint32_t(g.dtype()) << 8 | uint32_t(dx.dtype()) << 12,
                 0, accumulate ? 1u : 0u};
-  p.vec = vector_paths() && p.c % 4 == 0 && p.x_off % 4 == 0 && p.w_off % 4 == 0 && p.g_off % 4 == 0 &&
+  p.vec = p.c % 4 == 0 && p.x_off % 4 == 0 && p.w_off % 4 == 0 && p.g_off % 4 == 0 &&
           p.dx_off % 4 == 0;
   if (p.vec && p.c % 8 == 0 && p.x_off % 8 == 0 && p.w_off % 8 == 0 && p.g_off % 8 == 0 && p.dx_off % 8 == 0 &&
       dtype_size(x.dtype()) == 2 && dtype_size(g.dtype()) == 2)
@@ -102,7 +102,7 @@ void rope_apply(const Tensor& x_in, const Tensor& positions_in, const Tensor& in
   u32(x.numel(), "element count");
   // One invocation per rotated pair or pass-through dim of each [B, T, H] row; on the vector path per 4 of them.
   const int64_t D = x.dim(3), rows = x.dim(0) * x.dim(1) * x.dim(2);
-  const bool vec = vector_paths() && !interleaved && (r / 2) % 4 == 0 && (D - r) % 4 == 0 &&
+  const bool vec = !interleaved && (r / 2) % 4 == 0 && (D - r) % 4 == 0 &&
                    elem_offset(x) % 4 == 0 && elem_offset(y) % 4 == 0;
   const int64_t units = rows * (r / 2 + D - r) / (vec ? 4 : 1);
   RopePush p{u32(units, "rope units"), u32(D, "head dim"), u32(x.dim(2), "heads"), u32(r, "rotary dims"),

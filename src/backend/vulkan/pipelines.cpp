@@ -14,16 +14,11 @@
 #include <spdlog/spdlog.h>
 
 #include "backend/vulkan/context.h"
+#include "backend/vulkan/environment.h"
 #include "core/error.h"
 
 namespace lmtune::vk {
 namespace {
-
-std::string cache_dir() {
-  if (const char* x = std::getenv("XDG_CACHE_HOME"); x && *x) return std::string(x) + "/lmtune";
-  if (const char* h = std::getenv("HOME"); h && *h) return std::string(h) + "/.cache/lmtune";
-  return "";
-}
 
 // LMTUNE_PIPELINE_STATS=1: the driver's statistics of each compiled kernel (on NVIDIA 580: registers per thread,
 // shared memory, binary size; its "Local Memory Size" read 2^36 for every kernel, so it tells nothing about
@@ -64,9 +59,9 @@ std::vector<char> read_file(const std::string& path) {
 }  // namespace
 
 Pipelines::Pipelines(Context& ctx) : ctx_(ctx) {
-  std::string dir = cache_dir();
+  const std::string& dir = vulkan_environment().cache_dir;
   std::vector<char> data;
-  if (!dir.empty() && !std::getenv("LMTUNE_VK_NO_PIPELINE_CACHE")) {
+  if (!dir.empty() && vulkan_environment().pipeline_cache) {
     const auto& p = ctx.properties();
     char name[128];
     std::snprintf(name, sizeof name, "pipelines-%04x-%04x-", p.vendorID, p.deviceID);
@@ -170,8 +165,8 @@ const Pipeline& Pipelines::get(const std::string& kernel, uint32_t bindings, con
     // tuning on a device without rebuilding the binary).
     std::span<const uint32_t> code = embedded_spirv(kernel);
     std::vector<uint32_t> override_code;
-    if (const char* d = std::getenv("LMTUNE_SPV_DIR"); d && *d) {
-      std::vector<char> bytes = read_file(std::string(d) + "/" + kernel + ".spv");
+    if (const std::string& d = vulkan_environment().spv_dir; !d.empty()) {
+      std::vector<char> bytes = read_file(d + "/" + kernel + ".spv");
       if (!bytes.empty() && bytes.size() % 4 == 0) {
         override_code.resize(bytes.size() / 4);
         std::memcpy(override_code.data(), bytes.data(), bytes.size());

@@ -12,6 +12,7 @@
 #include <spdlog/spdlog.h>
 
 #include "backend/vulkan/allocator.h"
+#include "backend/vulkan/environment.h"
 #include "core/error.h"
 
 namespace lmtune::vk {
@@ -21,16 +22,10 @@ constexpr uint64_t kFenceTimeoutNs = 60ull * 1000 * 1000 * 1000;
 constexpr VkDeviceSize kStagingChunk = 64ull << 20;     // largest single staging copy
 constexpr VkDeviceSize kStagingPerBatch = 256ull << 20;  // flush a batch that has staged this much
 
-std::atomic<bool> g_profiling{[] {
-  const char* e = std::getenv("LMTUNE_PROFILE");
-  return e && *e && std::string(e) != "0";
-}()};
+std::atomic<bool> g_profiling{vulkan_environment().profile};
 
 // LMTUNE_PROFILE=grid: times per kernel name and grid size (which shapes a kernel's time goes to).
-const bool g_profile_grid = [] {
-  const char* e = std::getenv("LMTUNE_PROFILE");
-  return e && std::string(e) == "grid";
-}();
+const bool g_profile_grid = vulkan_environment().profile_grid;
 
 constexpr VkPipelineStageFlags kStages = VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT | VK_PIPELINE_STAGE_TRANSFER_BIT;
 

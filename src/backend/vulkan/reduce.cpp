@@ -65,7 +65,7 @@ void reduce_axis(const Tensor& x_in, const Tensor& y, int axis, ReduceOp op) {
   // invocation per row, whose neighbours then read neighbouring memory.
   // Short axes always take the invocation-per-row mode.
   p.mode = p.n <= 32 || (p.axis_stride != 1 && p.rows >= 4096) ? 1 : 0;
-  p.vec = vector_paths() && p.mode == 0 && p.axis_stride == 1 && p.n % 4 == 0 && p.x_off % 4 == 0 && p.xs[0] % 4 == 0 &&
+  p.vec = p.mode == 0 && p.axis_stride == 1 && p.n % 4 == 0 && p.x_off % 4 == 0 && p.xs[0] % 4 == 0 &&
           p.xs[1] % 4 == 0 && p.xs[2] % 4 == 0;
   uint32_t wg = p.mode == 1 ? 64 : row_group_size(p.n);
   Groups g = p.mode == 0 ? Groups{std::min<uint32_t>(p.rows, 65535), 1, 1} : groups_1d(p.rows, wg);

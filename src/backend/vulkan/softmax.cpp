@@ -36,7 +36,7 @@ void softmax_rows(const Tensor& x_in, const Tensor& y, bool log) {
   int64_t n = x.ndim() ? x.shape().back() : 1;
   SoftmaxPush p{u32(n, "row length"), u32(x.numel() / n, "rows"), elem_offset(x), elem_offset(y),
                 uint32_t(x.dtype()) | uint32_t(y.dtype()) << 4, log, 0};
-  p.vec = vector_paths() && p.n % 4 == 0 && p.x_off % 4 == 0 && p.y_off % 4 == 0;
+  p.vec = p.n % 4 == 0 && p.x_off % 4 == 0 && p.y_off % 4 == 0;
   ctx.dispatch(variant(ctx, "softmax"), {in(x), out(y)}, p, {std::min<uint32_t>(p.rows, 65535), 1, 1},
                {row_group_size(n)});
 }
@@ -52,7 +52,7 @@ void softmax_chunk_rows(const Tensor& z_in, const Tensor& ignored_in, const Tens
   SoftmaxChunkPush p{u32(n, "row length"), u32(z.dim(0), "rows"), elem_offset(z), elem_offset(y),
                      uint32_t(z.dtype()) | uint32_t(y.dtype()) << 4, 0, 0, elem_offset(ignored), elem_offset(prev),
                      elem_offset(lse), prev_in.defined(), softcap};
-  p.vec = vector_paths() && p.n % 4 == 0 && p.x_off % 4 == 0 && p.y_off % 4 == 0;
+  p.vec = p.n % 4 == 0 && p.x_off % 4 == 0 && p.y_off % 4 == 0;
   if (p.vec && dtype_size(z.dtype()) == 2 && p.n % 8 == 0 && p.x_off % 8 == 0 && p.y_off % 8 == 0)
     p.vec = 2;  // 16-byte loads (kernels/softmax.comp chunk_wide)
   ctx.dispatch(variant(ctx, "softmax_chunk"), {in(z), out(y), in(ignored), in(prev), out(lse)}, p,

@@ -2,10 +2,9 @@
 // softcap, an additive -inf mask built on the host, softmax, probs v; materializes [B, H, T, S]) and the choice
 // between it and the fused primitive (core/ops/flash_attention.cpp), which is the default.
 #include <cmath>
-#include <cstdlib>
-#include <cstring>
 #include <limits>
 
+#include "core/backend.h"
 #include "core/error.h"
 #include "core/ops.h"
 #include "core/ops/flash_attention.h"
@@ -36,15 +35,6 @@ Tensor build_mask(const AttentionOptions& opt, int64_t B, int64_t T, int64_t S, 
       }
   Shape shape = docs || keys ? Shape{B, 1, 1, T, S} : Shape{T, S};
   return Tensor::from_floats(m, shape, dtype, device);
-}
-
-// LMTUNE_ATTENTION=reference selects the composition (A/B comparisons); anything else (or unset) the fused op.
-bool use_reference() {
-  static const bool ref = [] {
-    const char* s = std::getenv("LMTUNE_ATTENTION");
-    return s && std::strcmp(s, "reference") == 0;
-  }();
-  return ref;
 }
 
 }  // namespace
@@ -110,7 +100,7 @@ Tensor attention_reference(const Tensor& q, const Tensor& k, const Tensor& v, co
 }
 
 Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& opt) {
-  if (use_reference()) return attention_reference(q, k, v, opt);
+  if (!backend(q.device()).runs_fused_attention(q.dim(-1))) return attention_reference(q, k, v, opt);
   return flash_attention(q, k, v, opt).first;
 }
 

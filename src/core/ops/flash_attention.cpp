@@ -2,7 +2,6 @@
 // through the reference composition of core/ops/attention.cpp, which is rarely used and not worth a kernel).
 #include "core/ops/flash_attention.h"
 
-#include <cstdlib>
 #include <string>
 
 #include "core/autodiff.h"
@@ -73,14 +72,10 @@ std::pair<Tensor, Tensor> flash_attention(const Tensor& q, const Tensor& k, cons
   if (p.docs) inputs.push_back(contiguous(opt.doc_ids));
   if (p.key_mask) inputs.push_back(contiguous(opt.key_mask));
   // Kept across gradient checkpointing: the backward then runs only the attention's backward kernels, not its
-  // forward again (LMTUNE_CHECKPOINT_ATTENTION=recompute for A/B timing).
-  static const bool recompute = [] {
-    const char* e = std::getenv("LMTUNE_CHECKPOINT_ATTENTION");
-    return e && std::string(e) == "recompute";
-  }();
+  // forward again.
   std::vector<OutputSpec> specs{{q.shape(), q.dtype()}, {{p.B, p.H, p.T}, DType::f32}};
   auto prim = std::make_shared<FlashAttention>(p);
-  std::vector<Tensor> out = recompute ? apply(prim, inputs, specs) : apply_kept(prim, inputs, specs);
+  std::vector<Tensor> out = apply_kept(prim, inputs, specs);
   return {out[0], out[1]};
 }
 

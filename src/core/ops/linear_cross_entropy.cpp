@@ -18,7 +18,7 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstdlib>
+#include <optional>
 #include <string>
 
 #include "core/backend.h"
@@ -114,12 +114,11 @@ Tensor target_logits(const Tensor& h32, const Tensor& weight, const Targets& tg,
 // The dtype of the chunks' logits when the forward computes d hidden: f16 where the products already take f16
 // operands on tensor cores (16-bit hidden and weight, a backend that rounds bf16 products to f16) and there is no
 // soft-cap, as autocast gives 16-bit logits (PyTorch + PEFT: bf16); they are written and read once per chunk, at
-// half the bytes of f32 (H100, Llama-3.2-1B: bench/RESULTS.md). LMTUNE_LOSS_LOGITS=f16|f32 forces either.
-DType forward_logits_dtype(const Tensor& hidden, const Tensor& weight, float softcap, bool grad_in_forward) {
-  const char* env = std::getenv("LMTUNE_LOSS_LOGITS");
-  const std::string force = env ? env : "";
-  if (force == "f32" || !grad_in_forward || softcap > 0) return DType::f32;
-  if (force == "f16") return DType::f16;
+// half the bytes of f32 (H100, Llama-3.2-1B: bench/RESULTS.md). A caller's choice (tests) comes first.
+DType forward_logits_dtype(const Tensor& hidden, const Tensor& weight, float softcap, bool grad_in_forward,
+                           std::optional<DType> forced) {
+  if (forced == DType::f32 || !grad_in_forward || softcap > 0) return DType::f32;
+  if (forced) return *forced;
   bool half = hidden.dtype() != DType::f32 && hidden.dtype() == weight.dtype();
   return half && backend(hidden.device()).rounds_bf16_products_to_f16() ? DType::f16 : DType::f32;
 }
@@ -236,7 +235,8 @@ std::vector<Tensor> LinearCrossEntropy::jvp(const Node& node, const std::vector<
 namespace ops {
 
 Tensor linear_cross_entropy(const Tensor& hidden, const Tensor& weight, const Tensor& targets, int ignore_index,
-                            float softcap, int64_t chunk, const Tensor& weight_t) {
+                            float softcap, int64_t chunk, const Tensor& weight_t,
+                            std::optional<DType> logits_dtype) {
   auto shapes = [&] {
     return "hidden " + std::string(dtype_name(hidden.dtype())) + " " + to_string(hidden.shape()) + ", weight " +
            std::string(dtype_name(weight.dtype())) + " " + to_string(weight.shape()) + ", targets " +
@@ -269,12 +269,10 @@ Tensor linear_cross_entropy(const Tensor& hidden, const Tensor& weight, const Te
                        "; " + shapes() + ")");
   if (chunk == 0) chunk = default_vocab_chunk(N, V);
   // Reverse mode will want d hidden but not d weight (a frozen head): compute it in the forward (see the top).
-  const char* env = std::getenv("LMTUNE_LOSS_GRAD_IN_FORWARD");  // 0: recompute the logits in the vjp (A/B timing)
-  bool grad_in_forward = grad_enabled() && !tape::saving_everything() && on_tape(hidden) && !on_tape(weight) &&
-                         !(env && std::string(env) == "0");
+  bool grad_in_forward = grad_enabled() && !tape::saving_everything() && on_tape(hidden) && !on_tape(weight);
   auto prim = std::make_shared<LinearCrossEntropy>(std::move(tv), ignore_index, softcap, std::min(chunk, V),
                                                    grad_in_forward, weight_t);
-  prim->logits_dtype = forward_logits_dtype(hidden, weight, softcap, grad_in_forward);
+  prim->logits_dtype = forward_logits_dtype(hidden, weight, softcap, grad_in_forward, logits_dtype);
   std::vector<OutputSpec> outs{{{N}, DType::f32}, {{N}, DType::f32}};
   if (grad_in_forward) outs.push_back({{N, hidden.dim(1)}, DType::f32});
   return apply(prim, {hidden, weight, contiguous(targets)}, outs)[0];
