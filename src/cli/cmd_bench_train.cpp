@@ -202,12 +202,7 @@ void run_bench_train(const std::string& device_opt, const BenchTrainOptions& o) 
   double timed_s = 0;
   int64_t skipped = 0;
   auto run_step = [&](int64_t s, StepPhaseTimes* times) {
-    StepOptions so;
-    so.lr = o.lr;
-    so.grad_clip = r.train.grad_clip;
-    so.checkpoint_layers = r.train.grad_checkpointing;
-    so.seed = r.train.seed;
-    so.step = s;
+    StepOptions so = step_options(r, s, o.lr);
     so.dropout = false;
     so.phase_times = times;
     return train_step(*tm.decoder, optimizer, scaler, {tb.batch(std::min(s, tb.steps - 1))}, so);

@@ -29,7 +29,6 @@ namespace lmtune::models {
 
 namespace {
 
-Tensor as_dtype(const Tensor& t, DType dtype) { return t.dtype() == dtype ? t : ops::cast(t, dtype); }
 
 // A host float rounded to what a tensor of `dtype` would hold.
 float round_to(float v, DType dtype) {
@@ -291,7 +290,7 @@ Decoder::Decoder(ModelConfig config, DecoderWeights weights, DType compute_dtype
 
 Tensor Decoder::norm(const Tensor& x, const Tensor& weight) const {
   // (1 + w) is formed in f32 as in transformers' Gemma RMSNorm; rms_norm accepts a weight of another dtype.
-  Tensor w = config_.norm_style == NormStyle::one_plus_weight ? ops::add_scalar(as_dtype(weight, DType::f32), 1.0f)
+  Tensor w = config_.norm_style == NormStyle::one_plus_weight ? ops::add_scalar(ops::cast(weight, DType::f32), 1.0f)
                                                                : weight;
   return ops::rms_norm(x, w, float(config_.rms_norm_eps));
 }
@@ -373,7 +372,7 @@ Tensor Decoder::forward_hidden(const Tensor& ids, const Tensor& positions, const
     options.cache->record_attend_mask(m, ids.dim(1));
   }
 
-  Tensor x = as_dtype(ops::embedding(weights_.embed, ids), compute_dtype_);
+  Tensor x = ops::cast(ops::embedding(weights_.embed, ids), compute_dtype_);
   if (config_.embed_scale != 1.0f) x = ops::scale(x, round_to(config_.embed_scale, compute_dtype_));
 
   const bool checkpointing = options.checkpoint_layers && grad_enabled() && !options.cache;
@@ -399,7 +398,7 @@ Tensor Decoder::forward_hidden(const Tensor& ids, const Tensor& positions, const
 
 Tensor Decoder::logits(const Tensor& hidden) const {
   // Widening the hidden states (not the [N, V] product) gives f32 logits without rounding them to bf16.
-  Tensor y = ops::linear(as_dtype(hidden, DType::f32), weights_.lm_head);
+  Tensor y = ops::linear(ops::cast(hidden, DType::f32), weights_.lm_head);
   if (config_.final_logit_softcapping > 0) y = softcap(y, config_.final_logit_softcapping);
   return y;
 }

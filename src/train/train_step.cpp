@@ -48,6 +48,16 @@ Tensor batch_loss_sum(const models::Decoder& model, const Batch& b, bool checkpo
   return ops::sum_all(model.token_losses(model.forward_hidden(ids, positions, fo), targets));
 }
 
+StepOptions step_options(const Recipe& r, int64_t step, double lr) {
+  StepOptions so;
+  so.lr = lr;
+  so.grad_clip = r.train.grad_clip;
+  so.checkpoint_layers = r.train.grad_checkpointing;
+  so.seed = r.train.seed;
+  so.step = step;
+  return so;
+}
+
 StepResult train_step(const models::Decoder& model, Optimizer& opt, LossScaler& scaler,
                       const std::vector<Batch>& micro, const StepOptions& o) {
   StepResult r;

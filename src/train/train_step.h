@@ -10,6 +10,7 @@
 #include "models/decoder.h"
 #include "train/loss_scaler.h"
 #include "train/optimizer.h"
+#include "train/recipe.h"
 
 namespace lmtune {
 
@@ -33,6 +34,9 @@ struct StepOptions {
   bool dropout = true;           // open a LoRA dropout scope (adapters with dropout 0 are unaffected)
   StepPhaseTimes* phase_times = nullptr;  // when set: synchronize after each phase and add its time here
 };
+
+// What recipe r gives optimizer step `step` (0-based) at learning rate lr.
+StepOptions step_options(const Recipe& r, int64_t step, double lr);
 
 struct StepResult {
   double loss = 0;               // Σ token losses / trainable tokens of the step (NaN when not finite)

@@ -178,12 +178,7 @@ TrainSummary train(const Recipe& r, const TrainOptions& options) {
     const Batcher::Cursor step_cursor = batcher.cursor();
     std::vector<Batch> micro;
     for (int i = 0; i < r.train.grad_accum; ++i) micro.push_back(batcher.next());
-    StepOptions so;
-    so.lr = learning_rate(r.schedule, r.optimizer.lr, int(s), r.train.steps);
-    so.grad_clip = r.train.grad_clip;
-    so.checkpoint_layers = r.train.grad_checkpointing;
-    so.seed = r.train.seed;
-    so.step = s;
+    const StepOptions so = step_options(r, s, learning_rate(r.schedule, r.optimizer.lr, int(s), r.train.steps));
     be.reset_peak();
     const auto t0 = Clock::now();
     StepResult res = train_step(*tm.decoder, optimizer, pr.scaler, micro, so);

@@ -32,8 +32,6 @@
 namespace lmtune {
 namespace {
 
-Tensor f32(const Tensor& t) { return t.dtype() == DType::f32 ? t : ops::cast(t, DType::f32); }
-Tensor cast_to(const Tensor& t, DType d) { return t.dtype() == d ? t : ops::cast(t, d); }
 Tensor col(const Tensor& v) { return ops::reshape(v, {v.dim(0), 1}); }  // [N] -> [N, 1]
 
 Tensor rows_of(const Tensor& w, int64_t s, int64_t e) { return ops::slice(w, 0, s, e); }
@@ -51,7 +49,7 @@ Tensor cap_slope(const Tensor& z, float softcap) {
 // (the tensor-core path; products still accumulate and return f32), else widened to f32.
 Tensor product_operand(const Tensor& hidden, const Tensor& weight) {
   bool half = hidden.dtype() == DType::f16 || hidden.dtype() == DType::bf16;
-  return half && hidden.dtype() == weight.dtype() ? hidden : f32(hidden);
+  return half && hidden.dtype() == weight.dtype() ? hidden : ops::cast(hidden, DType::f32);
 }
 
 // The chunk's logits z [N, e - s] in dtype zdt (the product accumulates in f32), from the transposed copy of the
@@ -63,7 +61,9 @@ Tensor chunk_logits(const Tensor& h, const Tensor& weight, const Tensor& weight_
 }
 
 // Σ_C a[n, c] b[n, c] in f32: [N].
-Tensor row_dot(const Tensor& a, const Tensor& b) { return ops::sum(ops::mul(f32(a), f32(b)), {-1}); }
+Tensor row_dot(const Tensor& a, const Tensor& b) {
+  return ops::sum(ops::mul(ops::cast(a, DType::f32), ops::cast(b, DType::f32)), {-1});
+}
 
 template <class F>
 void for_each_chunk(int64_t V, int64_t chunk, F f) {
@@ -132,7 +132,7 @@ void LinearCrossEntropy::forward(const std::vector<Tensor>& in, std::vector<Tens
   const int64_t N = hidden.dim(0), V = weight.dim(0);
   if (N == 0) return;
   const Device d = hidden.device();
-  Tensor h32 = f32(hidden), h = product_operand(hidden, weight);
+  Tensor h32 = ops::cast(hidden, DType::f32), h = product_operand(hidden, weight);
   Targets tg = device_targets(host_targets, ignore_index, d);
   std::vector<Tensor> chunk_lse;  // [N, 1] each
   Tensor lse, unit;               // with the hidden gradient in the forward: the running lse and U
@@ -162,7 +162,7 @@ void LinearCrossEntropy::forward(const std::vector<Tensor>& in, std::vector<Tens
   // The one-hot term: - slope(z[target]) W[target], none where ignored.
   Tensor coef = softcap > 0 ? cap_slope(zt, softcap) : Tensor::full({N}, 1.0f, DType::f32, d);
   coef = masked_fill(coef, tg.ignored, 0.0f);
-  copy_into(out[2], sub(unit, mul(f32(embedding(weight, tg.safe)), col(coef))));
+  copy_into(out[2], sub(unit, mul(ops::cast(embedding(weight, tg.safe), DType::f32), col(coef))));
 }
 
 // The lse output is internal (the op function returns only the loss), so cot[1] is always undefined.
@@ -175,8 +175,8 @@ std::vector<Tensor> LinearCrossEntropy::vjp(const Node& node, const std::vector<
   const Tensor& lse = node.outputs[1];
   const Device d = hidden.device();
   const int64_t V = weight.dim(0);
-  Tensor g = contiguous(f32(cot[0]));
-  if (hidden_grad_in_forward && !wanted[1]) return {cast_to(mul(node.outputs[2], col(g)), hidden.dtype()), {}, {}};
+  Tensor g = contiguous(ops::cast(cot[0], DType::f32));
+  if (hidden_grad_in_forward && !wanted[1]) return {ops::cast(mul(node.outputs[2], col(g)), hidden.dtype()), {}, {}};
   Tensor h = product_operand(hidden, weight);
   Tensor dh, dw;
   if (wanted[1]) dw = Tensor::empty(weight.shape(), weight.dtype(), d);
@@ -186,14 +186,14 @@ std::vector<Tensor> LinearCrossEntropy::vjp(const Node& node, const std::vector<
     DType dz_dtype = softcap > 0 ? DType::f32 : h.dtype();
     Tensor dz = apply1(std::make_shared<CrossEntropyGrad>(-1),
                        {z, chunk_targets(host_targets, ignore_index, s, e, d), lse, g}, {z.shape(), dz_dtype});
-    if (softcap > 0) dz = cast_to(mul(dz, cap_slope(z, softcap)), h.dtype());
+    if (softcap > 0) dz = ops::cast(mul(dz, cap_slope(z, softcap)), h.dtype());
     if (wanted[0]) {
       Tensor part = matmul(dz, rows_of(weight, s, e), DType::f32);
       dh = dh.defined() ? add(dh, part) : part;
     }
     if (wanted[1]) copy_into(rows_of(dw, s, e), matmul(transpose(dz), h, DType::f32));
   });
-  if (dh.defined()) dh = cast_to(dh, hidden.dtype());
+  if (dh.defined()) dh = ops::cast(dh, hidden.dtype());
   return {dh, dw, Tensor()};
 }
 
@@ -207,7 +207,7 @@ std::vector<Tensor> LinearCrossEntropy::jvp(const Node& node, const std::vector<
   const Tensor& weight = node.inputs[1];
   const Tensor& lse = node.outputs[1];
   const int64_t V = weight.dim(0);
-  Tensor h32 = f32(hidden), th32 = th.defined() ? f32(th) : Tensor();
+  Tensor h32 = ops::cast(hidden, DType::f32), th32 = th.defined() ? ops::cast(th, DType::f32) : Tensor();
   // The logits' tangent over a range of weight rows (or the gathered target rows): th · Wᵀ + h · twᵀ.
   auto raw_tangent = [&](const auto& product, const Tensor& w_rows, const Tensor& tw_rows) {
     Tensor r;

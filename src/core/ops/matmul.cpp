@@ -22,7 +22,6 @@ bool gemm_layout(const Tensor& t) {
 
 Shape batch_of(const Shape& s) { return Shape(s.begin(), s.end() - 2); }
 
-Tensor cast_to(const Tensor& t, DType dtype) { return t.dtype() == dtype ? t : ops::cast(t, dtype); }
 bool is_16bit(DType t) { return t == DType::f16 || t == DType::bf16; }
 
 }  // namespace
@@ -37,12 +36,13 @@ std::vector<Tensor> Matmul::vjp(const Node& node, const std::vector<Tensor>& cot
   // f32 results of 16-bit operands (matmul with out_dtype) send a 16-bit cotangent back, as autocast does, so the
   // gradient products stay on the 16-bit (tensor-core) path.
   const Tensor& g = is_16bit(a.dtype()) && a.dtype() == b.dtype() && g_out.dtype() == DType::f32
-                        ? cast_to(g_out, a.dtype())
+                        ? ops::cast(g_out, a.dtype())
                         : g_out;
   // g [..., M, N]: ga = g bᵀ [..., M, K], gb = aᵀ g [..., K, N], each summed over the batch dims it was broadcast on.
-  if (wanted[0]) ga = cast_to(sum_to_shape(matmul(g, transpose(b), g.dtype(), alpha), a.shape()), a.dtype());
+  if (wanted[0]) ga = ops::cast(sum_to_shape(matmul(g, transpose(b), g.dtype(), alpha), a.shape()), a.dtype());
   if (wanted[1])
-    gb = cast_to(sum_to_shape(matmul(transpose(cast_to(a, g.dtype())), g, g.dtype(), alpha), b.shape()), b.dtype());
+    gb = ops::cast(sum_to_shape(matmul(transpose(ops::cast(a, g.dtype())), g, g.dtype(), alpha), b.shape()),
+                   b.dtype());
   return {ga, gb};
 }
 
@@ -52,9 +52,9 @@ std::vector<Tensor> Matmul::jvp(const Node& node, const std::vector<Tensor>& t) 
   const Tensor& b = node.inputs[1];
   Tensor r;
   const DType out = node.output_dtypes[0];
-  if (t[0].defined()) r = matmul(cast_to(t[0], a.dtype()), b, out, alpha);
+  if (t[0].defined()) r = matmul(ops::cast(t[0], a.dtype()), b, out, alpha);
   if (t[1].defined()) {
-    Tensor rb = matmul(a, cast_to(t[1], b.dtype()), out, alpha);
+    Tensor rb = matmul(a, ops::cast(t[1], b.dtype()), out, alpha);
     r = r.defined() ? add(r, rb) : rb;
   }
   if (r.defined() && r.shape() != node.output_shapes[0]) r = contiguous(expand(r, node.output_shapes[0]));
@@ -70,10 +70,10 @@ std::vector<Tensor> MatmulLowRank::vjp(const Node& node, const std::vector<Tenso
   const Tensor &a = node.inputs[0], &b = node.inputs[1], &u = node.inputs[2], &v = node.inputs[3];
   auto scaled = [&](const Tensor& t) { return alpha == 1.0f ? t : scale(t, alpha); };
   std::vector<Tensor> r(4);
-  if (wanted[0]) r[0] = cast_to(matmul(g, transpose(b)), a.dtype());
-  if (wanted[1]) r[1] = cast_to(matmul(transpose(cast_to(a, g.dtype())), g), b.dtype());
-  if (wanted[2]) r[2] = cast_to(scaled(matmul(g, transpose(v))), u.dtype());
-  if (wanted[3]) r[3] = cast_to(scaled(matmul(transpose(cast_to(u, g.dtype())), g)), v.dtype());
+  if (wanted[0]) r[0] = ops::cast(matmul(g, transpose(b)), a.dtype());
+  if (wanted[1]) r[1] = ops::cast(matmul(transpose(ops::cast(a, g.dtype())), g), b.dtype());
+  if (wanted[2]) r[2] = ops::cast(scaled(matmul(g, transpose(v))), u.dtype());
+  if (wanted[3]) r[3] = ops::cast(scaled(matmul(transpose(ops::cast(u, g.dtype())), g)), v.dtype());
   return r;
 }
 
@@ -83,17 +83,17 @@ std::vector<Tensor> MatmulLowRank::jvp(const Node& node, const std::vector<Tenso
   const DType out = node.output_dtypes[0];
   Tensor r, low;
   auto acc = [](Tensor& sum, const Tensor& term) { sum = sum.defined() ? add(sum, term) : term; };
-  if (t[0].defined()) acc(r, matmul(cast_to(t[0], a.dtype()), b, out));
-  if (t[1].defined()) acc(r, matmul(a, cast_to(t[1], b.dtype()), out));
-  if (t[2].defined()) acc(low, matmul(cast_to(t[2], u.dtype()), v, out));
-  if (t[3].defined()) acc(low, matmul(u, cast_to(t[3], v.dtype()), out));
+  if (t[0].defined()) acc(r, matmul(ops::cast(t[0], a.dtype()), b, out));
+  if (t[1].defined()) acc(r, matmul(a, ops::cast(t[1], b.dtype()), out));
+  if (t[2].defined()) acc(low, matmul(ops::cast(t[2], u.dtype()), v, out));
+  if (t[3].defined()) acc(low, matmul(u, ops::cast(t[3], v.dtype()), out));
   if (low.defined()) acc(r, alpha == 1.0f ? low : scale(low, alpha));
   return {r};
 }
 
 void MatmulAccumulate::compose(const std::vector<Tensor>& in, std::vector<Tensor>& out) {
   using namespace ops;
-  Tensor c = cast_to(out[0], DType::f32);
+  Tensor c = ops::cast(out[0], DType::f32);
   if (in.size() > 2) c = mul(c, reshape(in[2], {in[2].dim(0), 1}));
   copy_into(out[0], add(c, matmul(in[0], in[1], DType::f32)));
 }
@@ -178,7 +178,7 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
     throw ShapeError("linear: bias " + to_string(bias.shape()) + " does not fit weight " + to_string(weight.shape()));
   Tensor x2 = x.ndim() == 1 ? reshape(x, {1, x.dim(0)}) : x;
   Tensor y = matmul(x2, transpose(weight));
-  if (bias.defined()) y = add(y, cast_to(bias, y.dtype()));
+  if (bias.defined()) y = add(y, ops::cast(bias, y.dtype()));
   return x.ndim() == 1 ? reshape(y, {weight.dim(0)}) : y;
 }
 

@@ -8,8 +8,6 @@
 namespace lmtune {
 namespace {
 
-Tensor f32(const Tensor& t) { return t.dtype() == DType::f32 ? t : ops::cast(t, DType::f32); }
-Tensor cast_to(const Tensor& t, DType d) { return t.dtype() == d ? t : ops::cast(t, d); }
 
 // Per-row statistic [...] as [..., 1] so it broadcasts against rows.
 Tensor col(const Tensor& stat) {
@@ -71,20 +69,20 @@ std::vector<Tensor> RmsNorm::vjp_into(const Node& node, const std::vector<Tensor
     }
   }
   if (fused && !wanted[1]) return {gx, gw};
-  Tensor xhat = mul(f32(x), rstd);
+  Tensor xhat = mul(ops::cast(x, DType::f32), rstd);
   if (cot[0].defined()) {
-    Tensor g = f32(cot[0]);
+    Tensor g = ops::cast(cot[0], DType::f32);
     if (wanted[0] && !fused) {  // rstd (ĝ - x̂ mean(ĝ x̂)), ĝ = g w
-      Tensor gh = mul(g, f32(w));
+      Tensor gh = mul(g, ops::cast(w, DType::f32));
       gx = mul(rstd, sub(gh, mul(xhat, mean(mul(gh, xhat), {-1}, true))));
     }
-    if (wanted[1]) gw = cast_to(sum_to_shape(mul(g, xhat), w.shape()), w.dtype());
+    if (wanted[1]) gw = ops::cast(sum_to_shape(mul(g, xhat), w.shape()), w.dtype());
   }
   if (cot[1].defined() && wanted[0]) {  // d rstd / dx = -rstd² x̂ / C
     Tensor c = scale(mul(col(cot[1]), mul(square(rstd), xhat)), -1.0f / float(x.dim(-1)));
     gx = gx.defined() ? add(gx, c) : c;
   }
-  if (gx.defined()) gx = cast_to(gx, x.dtype());
+  if (gx.defined()) gx = ops::cast(gx, x.dtype());
   return {gx, gw};
 }
 
@@ -93,19 +91,19 @@ std::vector<Tensor> RmsNorm::jvp(const Node& node, const std::vector<Tensor>& t)
   const Tensor& x = node.inputs[0];
   const Tensor& w = node.inputs[1];
   Tensor rstd = col(node.outputs[1]);
-  Tensor xhat = mul(f32(x), rstd);
+  Tensor xhat = mul(ops::cast(x, DType::f32), rstd);
   Tensor ty, trstd;
   if (t[0].defined()) {  // ty = w rstd (tx - x̂ m), trstd = -rstd² m, m = mean(x̂ tx)
-    Tensor tx = f32(t[0]);
+    Tensor tx = ops::cast(t[0], DType::f32);
     Tensor m = mean(mul(xhat, tx), {-1}, true);
-    ty = mul(f32(w), mul(rstd, sub(tx, mul(xhat, m))));
+    ty = mul(ops::cast(w, DType::f32), mul(rstd, sub(tx, mul(xhat, m))));
     trstd = reshape(neg(mul(square(rstd), m)), node.output_shapes[1]);
   }
   if (t[1].defined()) {
-    Tensor tw = mul(xhat, f32(t[1]));
+    Tensor tw = mul(xhat, ops::cast(t[1], DType::f32));
     ty = ty.defined() ? add(ty, tw) : tw;
   }
-  if (ty.defined()) ty = cast_to(ty, node.output_dtypes[0]);
+  if (ty.defined()) ty = ops::cast(ty, node.output_dtypes[0]);
   return {ty, trstd};
 }
 
@@ -118,17 +116,17 @@ std::vector<Tensor> LayerNorm::vjp(const Node& node, const std::vector<Tensor>& 
   const Tensor& b = node.inputs[2];
   Tensor mu = col(node.outputs[1]);
   Tensor rstd = col(node.outputs[2]);
-  Tensor xhat = mul(sub(f32(x), mu), rstd);
+  Tensor xhat = mul(sub(ops::cast(x, DType::f32), mu), rstd);
   float inv_c = 1.0f / float(x.dim(-1));
   Tensor gx, gw, gb;
   if (cot[0].defined()) {
-    Tensor g = f32(cot[0]);
+    Tensor g = ops::cast(cot[0], DType::f32);
     if (wanted[0]) {  // rstd (ĝ - mean(ĝ) - x̂ mean(ĝ x̂)), ĝ = g w
-      Tensor gh = mul(g, f32(w));
+      Tensor gh = mul(g, ops::cast(w, DType::f32));
       gx = mul(rstd, sub(sub(gh, mean(gh, {-1}, true)), mul(xhat, mean(mul(gh, xhat), {-1}, true))));
     }
-    if (wanted[1]) gw = cast_to(sum_to_shape(mul(g, xhat), w.shape()), w.dtype());
-    if (wanted[2]) gb = cast_to(sum_to_shape(g, b.shape()), b.dtype());
+    if (wanted[1]) gw = ops::cast(sum_to_shape(mul(g, xhat), w.shape()), w.dtype());
+    if (wanted[2]) gb = ops::cast(sum_to_shape(g, b.shape()), b.dtype());
   }
   if (wanted[0]) {  // the statistics outputs: d mean/dx = 1/C, d rstd/dx = -rstd² x̂ / C
     Tensor extra;
@@ -139,7 +137,7 @@ std::vector<Tensor> LayerNorm::vjp(const Node& node, const std::vector<Tensor>& 
     }
     if (extra.defined()) gx = gx.defined() ? add(gx, extra) : contiguous(extra);
   }
-  if (gx.defined()) gx = cast_to(gx, x.dtype());
+  if (gx.defined()) gx = ops::cast(gx, x.dtype());
   return {gx, gw, gb};
 }
 
@@ -149,26 +147,26 @@ std::vector<Tensor> LayerNorm::jvp(const Node& node, const std::vector<Tensor>& 
   const Tensor& w = node.inputs[1];
   Tensor mu = col(node.outputs[1]);
   Tensor rstd = col(node.outputs[2]);
-  Tensor xhat = mul(sub(f32(x), mu), rstd);
+  Tensor xhat = mul(sub(ops::cast(x, DType::f32), mu), rstd);
   Tensor ty, tmean, trstd;
   if (t[0].defined()) {  // txc = tx - mean(tx); trstd = -rstd² mean(x̂ txc); tx̂ = rstd (txc - x̂ mean(x̂ txc))
-    Tensor tx = f32(t[0]);
+    Tensor tx = ops::cast(t[0], DType::f32);
     Tensor tm = mean(tx, {-1}, true);
     Tensor txc = sub(tx, tm);
     Tensor m = mean(mul(xhat, txc), {-1}, true);
-    ty = mul(f32(w), mul(rstd, sub(txc, mul(xhat, m))));
+    ty = mul(ops::cast(w, DType::f32), mul(rstd, sub(txc, mul(xhat, m))));
     tmean = reshape(tm, node.output_shapes[1]);
     trstd = reshape(neg(mul(square(rstd), m)), node.output_shapes[2]);
   }
   if (t[1].defined()) {
-    Tensor tw = mul(xhat, f32(t[1]));
+    Tensor tw = mul(xhat, ops::cast(t[1], DType::f32));
     ty = ty.defined() ? add(ty, tw) : tw;
   }
   if (t[2].defined()) {
-    Tensor tb = f32(t[2]);
+    Tensor tb = ops::cast(t[2], DType::f32);
     ty = ty.defined() ? add(ty, tb) : contiguous(expand(tb, node.output_shapes[0]));
   }
-  if (ty.defined()) ty = cast_to(ty, node.output_dtypes[0]);
+  if (ty.defined()) ty = ops::cast(ty, node.output_dtypes[0]);
   return {ty, tmean, trstd};
 }
 
@@ -193,23 +191,23 @@ std::vector<Tensor> Rope::jvp(const Node& node, const std::vector<Tensor>& t) {
 std::vector<Tensor> Embedding::vjp(const Node& node, const std::vector<Tensor>& cot, const std::vector<bool>& wanted) {
   if (!cot[0].defined() || !wanted[0]) return {Tensor(), Tensor()};
   const Tensor& w = node.inputs[0];
-  return {cast_to(ops::embedding_backward(cot[0], node.inputs[1], w.dim(0)), w.dtype()), Tensor()};
+  return {ops::cast(ops::embedding_backward(cot[0], node.inputs[1], w.dim(0)), w.dtype()), Tensor()};
 }
 
 std::vector<Tensor> Embedding::jvp(const Node& node, const std::vector<Tensor>& t) {
   if (!t[0].defined()) return {Tensor()};
-  return {cast_to(ops::embedding(t[0], node.inputs[1]), node.output_dtypes[0])};
+  return {ops::cast(ops::embedding(t[0], node.inputs[1]), node.output_dtypes[0])};
 }
 
 std::vector<Tensor> EmbeddingBackward::vjp(const Node& node, const std::vector<Tensor>& cot,
                                            const std::vector<bool>& wanted) {
   if (!cot[0].defined() || !wanted[0]) return {Tensor(), Tensor()};
-  return {cast_to(ops::embedding(cot[0], node.inputs[1]), node.input_dtypes[0]), Tensor()};
+  return {ops::cast(ops::embedding(cot[0], node.inputs[1]), node.input_dtypes[0]), Tensor()};
 }
 
 std::vector<Tensor> EmbeddingBackward::jvp(const Node& node, const std::vector<Tensor>& t) {
   if (!t[0].defined()) return {Tensor()};
-  return {cast_to(ops::embedding_backward(t[0], node.inputs[1], vocab), node.output_dtypes[0])};
+  return {ops::cast(ops::embedding_backward(t[0], node.inputs[1], vocab), node.output_dtypes[0])};
 }
 
 // Dropout is linear in x with a fixed mask: cotangents and tangents go through the same mask (same key).
@@ -219,7 +217,7 @@ std::vector<Tensor> Dropout::vjp(const Node& node, const std::vector<Tensor>& co
 
 std::vector<Tensor> Dropout::jvp(const Node& node, const std::vector<Tensor>& t) {
   if (!t[0].defined()) return {Tensor()};
-  return {cast_to(ops::dropout(t[0], p, key), node.output_dtypes[0])};
+  return {ops::cast(ops::dropout(t[0], p, key), node.output_dtypes[0])};
 }
 
 namespace ops {

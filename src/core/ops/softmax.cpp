@@ -8,8 +8,6 @@
 namespace lmtune {
 namespace {
 
-Tensor f32(const Tensor& t) { return t.dtype() == DType::f32 ? t : ops::cast(t, DType::f32); }
-Tensor cast_to(const Tensor& t, DType d) { return t.dtype() == d ? t : ops::cast(t, d); }
 
 Tensor col(const Tensor& v) {  // [N] -> [N, 1]
   return ops::reshape(v, {v.dim(0), 1});
@@ -41,9 +39,9 @@ std::vector<Tensor> Softmax::vjp(const Node& node, const std::vector<Tensor>& co
   using namespace ops;
   if (!cot[0].defined()) return {Tensor()};
   const Tensor& y = node.outputs[0];
-  Tensor g = cast_to(cot[0], y.dtype());
+  Tensor g = ops::cast(cot[0], y.dtype());
   Tensor gx = log ? sub(g, mul(exp(y), sum(g, {-1}, true))) : mul(y, sub(g, sum(mul(g, y), {-1}, true)));
-  return {cast_to(gx, node.input_dtypes[0])};
+  return {ops::cast(gx, node.input_dtypes[0])};
 }
 
 // The Jacobian is y-dependent but its structure matches the vjp's: J t = y (t - Σ y t), or t - Σ exp(y) t.
@@ -51,7 +49,7 @@ std::vector<Tensor> Softmax::jvp(const Node& node, const std::vector<Tensor>& t)
   using namespace ops;
   if (!t[0].defined()) return {Tensor()};
   const Tensor& y = node.outputs[0];
-  Tensor tx = cast_to(t[0], y.dtype());
+  Tensor tx = ops::cast(t[0], y.dtype());
   Tensor ty = log ? sub(tx, sum(mul(exp(y), tx), {-1}, true)) : mul(y, sub(tx, sum(mul(y, tx), {-1}, true)));
   return {ty};
 }
@@ -63,10 +61,10 @@ std::vector<Tensor> CrossEntropy::vjp(const Node& node, const std::vector<Tensor
   const Tensor& targets = node.inputs[1];
   const Tensor& lse = node.outputs[1];
   Tensor gx;
-  if (cot[0].defined()) gx = ce_grad(ignore_index, logits, targets, lse, f32(cot[0]));
+  if (cot[0].defined()) gx = ce_grad(ignore_index, logits, targets, lse, ops::cast(cot[0], DType::f32));
   if (cot[1].defined()) {  // d lse / d logits = softmax(logits)
-    Tensor p = mul(exp(sub(f32(logits), col(lse))), col(f32(cot[1])));
-    gx = gx.defined() ? cast_to(add(f32(gx), p), logits.dtype()) : cast_to(p, logits.dtype());
+    Tensor p = mul(exp(sub(ops::cast(logits, DType::f32), col(lse))), col(ops::cast(cot[1], DType::f32)));
+    gx = gx.defined() ? ops::cast(add(ops::cast(gx, DType::f32), p), logits.dtype()) : ops::cast(p, logits.dtype());
   }
   return {gx, Tensor()};
 }
@@ -78,10 +76,10 @@ std::vector<Tensor> CrossEntropy::jvp(const Node& node, const std::vector<Tensor
   const Tensor& logits = node.inputs[0];
   const Tensor& lse = node.outputs[1];
   Tensor ones = Tensor::full({logits.dim(0)}, 1.0f, DType::f32, logits.device());
-  Tensor tx = f32(t[0]);
-  Tensor dl = f32(ce_grad(ignore_index, logits, node.inputs[1], lse, ones));
+  Tensor tx = ops::cast(t[0], DType::f32);
+  Tensor dl = ops::cast(ce_grad(ignore_index, logits, node.inputs[1], lse, ones), DType::f32);
   Tensor tloss = sum(mul(dl, tx), {-1});
-  Tensor tlse = sum(mul(exp(sub(f32(logits), col(lse))), tx), {-1});
+  Tensor tlse = sum(mul(exp(sub(ops::cast(logits, DType::f32), col(lse))), tx), {-1});
   return {tloss, tlse};
 }
 
