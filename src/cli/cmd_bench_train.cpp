@@ -104,7 +104,7 @@ int64_t default_peak_size(Device dev) {
 Recipe bench_recipe(const BenchTrainOptions& o) {
   Recipe r;
   r.model = o.model;
-  r.precision = o.precision == "bf16" ? "bf16" : "fp32";
+  r.precision = o.precision == "bf16" ? Precision::bf16 : Precision::fp32;
   r.lora.rank = o.rank;
   r.lora.alpha = o.alpha > 0 ? o.alpha : 2.0 * o.rank;
   r.lora.dropout = 0;

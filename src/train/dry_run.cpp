@@ -54,9 +54,9 @@ void dry_run(const Recipe& r, const TrainOptions& options) {
   models::TrainingMemoryOptions mo;
   mo.batch = r.train.batch_size;
   mo.seq = r.data.max_seq_len;
-  mo.rank = r.finetune == "full" ? 0 : r.lora.rank;
+  mo.rank = r.finetune == Finetune::full ? 0 : r.lora.rank;
   mo.compute_dtype = compute_dtype(r);
-  mo.weight_dtype = r.finetune == "full" ? DType::f32 : mo.compute_dtype;
+  mo.weight_dtype = r.finetune == Finetune::full ? DType::f32 : mo.compute_dtype;
   models::TrainingMemoryEstimate e = models::estimate_training_memory(config, mo);
   std::printf("memory estimate (LoRA rank %lld on all projections, batch %lld x %lld)\n", (long long)mo.rank,
               (long long)mo.batch, (long long)mo.seq);
@@ -64,7 +64,7 @@ void dry_run(const Recipe& r, const TrainOptions& options) {
               mib(e.weights).c_str(), mib(e.lora_params + e.lora_grads + e.optimizer).c_str(),
               mib(e.activations).c_str(), mib(e.activations_checkpointed).c_str());
   std::printf("  total             %s%s\n", mib(e.total(r.train.grad_checkpointing)).c_str(),
-              r.finetune == "full" ? " (full fine-tuning adds 16 bytes per parameter: grads and AdamW moments)" : "");
+              r.finetune == Finetune::full ? " (full fine-tuning adds 16 bytes per parameter: grads and AdamW moments)" : "");
 }
 
 }  // namespace lmtune

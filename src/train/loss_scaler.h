@@ -10,6 +10,7 @@
 #include <string>
 
 #include "core/backend.h"
+#include "train/recipe.h"
 
 namespace lmtune {
 
@@ -27,9 +28,9 @@ struct LossScaler {
     return s;
   }
   // The scaler training in `precision` on `device` needs.
-  static LossScaler for_training(const std::string& precision, Device device) {
-    return for_precision(precision == "fp16" ||
-                         (precision == "bf16" && backend(device).rounds_bf16_products_to_f16()));
+  static LossScaler for_training(Precision precision, Device device) {
+    return for_precision(precision == Precision::fp16 ||
+                         (precision == Precision::bf16 && backend(device).rounds_bf16_products_to_f16()));
   }
   // Records the outcome of a step; returns true when the step may be applied.
   bool update(bool overflow) {

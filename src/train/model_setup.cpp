@@ -29,8 +29,8 @@ Device training_device(const Recipe& recipe, const std::string& override_spec) {
 }
 
 DType compute_dtype(const Recipe& recipe) {
-  if (recipe.precision == "fp16") return DType::f16;
-  if (recipe.precision == "bf16") return DType::bf16;
+  if (recipe.precision == Precision::fp16) return DType::f16;
+  if (recipe.precision == Precision::bf16) return DType::bf16;
   return DType::f32;
 }
 
@@ -114,7 +114,7 @@ TrainableModel build_trainable_model(const Recipe& r, Device device) {
   if (!fs::is_directory(r.model)) throw FileError(r.model + ": model directory not found (recipe key 'model')");
   const DType compute = compute_dtype(r);
   TrainableModel tm;
-  if (r.finetune == "full") {
+  if (r.finetune == Finetune::full) {
     tm.weight_dtype = DType::f32;  // the trained weights are their own f32 master copies
   } else {
     // Frozen weights: the compute dtype, but never wider than the checkpoint stores them.
@@ -124,7 +124,7 @@ TrainableModel build_trainable_model(const Recipe& r, Device device) {
   tm.decoder = std::make_unique<models::Decoder>(models::load_decoder(r.model, tm.weight_dtype, compute, device));
   models::DecoderWeights& w = tm.decoder->weights();
 
-  if (r.finetune == "full") {
+  if (r.finetune == Finetune::full) {
     for (const models::ParamRef& p : models::parameter_map(tm.decoder->config(), w)) {
       p.slot->set_requires_grad(true);
       tm.params.push_back({p.name, *p.slot});

@@ -15,8 +15,7 @@ namespace lmtune {
 
 Optimizer::Optimizer(std::vector<NamedParam> params, const Recipe::Optimizer& config)
     : params_(std::move(params)), config_(config) {
-  const bool adamw = config_.name == "adamw";
-  if (!adamw && config_.name != "sgd") throw ConfigError("optimizer.name: unknown optimizer '" + config_.name + "'");
+  const bool adamw = config_.name == OptimizerName::adamw;
   for (const NamedParam& p : params_) {
     if (p.tensor.dtype() != DType::f32 || !p.tensor.requires_grad())
       throw ConfigError("optimizer: parameter " + p.name + " must be an f32 tensor that requires grad");
@@ -45,7 +44,7 @@ double Optimizer::grad_norm(double grad_divisor) const {
 void Optimizer::step(double lr, double grad_multiplier) {
   NoGrad no_grad;
   ++updates_;
-  const bool adamw = config_.name == "adamw";
+  const bool adamw = config_.name == OptimizerName::adamw;
   const double b1 = adamw ? config_.beta1 : config_.momentum, b2 = config_.beta2;
   std::vector<float> h(kOptimHyperSize);
   h[kLr] = float(lr);
@@ -104,19 +103,19 @@ void load_params(const Hdf5File& f, const std::string& group, const std::vector<
 
 void Optimizer::save(Hdf5File& f, const std::string& group) const {
   f.create_group(group);
-  f.set_attr(group, "name", config_.name);
+  f.set_attr(group, "name", to_string(config_.name));
   f.set_attr(group, "updates", int64_t(updates_));
-  const bool adamw = config_.name == "adamw";
+  const bool adamw = config_.name == OptimizerName::adamw;
   save_group(f, group + (adamw ? "/m" : "/momentum"), params_, m_);
   if (adamw) save_group(f, group + "/v", params_, v_);
 }
 
 void Optimizer::load(const Hdf5File& f, const std::string& group) {
-  if (f.attr_string(group, "name") != config_.name)
+  if (f.attr_string(group, "name") != to_string(config_.name))
     throw ConfigError(f.path().string() + ": the checkpoint was written by optimizer '" + f.attr_string(group, "name") +
-                      "', the recipe asks for '" + config_.name + "'");
+                      "', the recipe asks for '" + to_string(config_.name) + "'");
   updates_ = f.attr_int(group, "updates");
-  const bool adamw = config_.name == "adamw";
+  const bool adamw = config_.name == OptimizerName::adamw;
   for (size_t i = 0; i < params_.size(); ++i) {
     if (m_[i].defined()) load_into(f, group + (adamw ? "/m/" : "/momentum/") + params_[i].name, m_[i]);
     if (v_[i].defined()) load_into(f, group + "/v/" + params_[i].name, v_[i]);

@@ -12,6 +12,11 @@
 #include "core/error.h"
 
 namespace lmtune {
+
+std::string to_string(Precision p) { return p == Precision::fp32 ? "fp32" : p == Precision::fp16 ? "fp16" : "bf16"; }
+std::string to_string(Finetune f) { return f == Finetune::lora ? "lora" : "full"; }
+std::string to_string(OptimizerName o) { return o == OptimizerName::adamw ? "adamw" : "sgd"; }
+
 namespace {
 
 std::string where(const std::string& file, const YAML::Node& n) {
@@ -111,6 +116,22 @@ class Binder {
     }
   }
 
+  // A string key with a fixed set of values, each an enumerator of E.
+  template <class E>
+  void bind(const std::string& path, E& out, std::initializer_list<E> values) {
+    std::string text = to_string(out);
+    bind(path, text);
+    std::string list;
+    for (E v : values) {
+      if (to_string(v) == text) {
+        out = v;
+        return;
+      }
+      list += (list.empty() ? "" : ", ") + to_string(v);
+    }
+    throw ConfigError(where(file_, lookup(path)) + ": key '" + path + "': '" + text + "' is not one of " + list);
+  }
+
   void require_positive(const std::string& path, double v, bool allow_zero = false) {
     if (v < 0 || (!allow_zero && v == 0))
       throw ConfigError(where(file_, lookup(path)) + ": key '" + path + "' must be " +
@@ -188,8 +209,8 @@ Recipe bind_all(const YAML::Node& root, const std::string& name) {
   Binder b(root, name);
   b.bind("model", r.model);
   b.bind("device", r.device);
-  b.bind("precision", r.precision, {"fp32", "fp16", "bf16"});
-  b.bind("finetune", r.finetune, {"lora", "full"});
+  b.bind("precision", r.precision, {Precision::fp32, Precision::fp16, Precision::bf16});
+  b.bind("finetune", r.finetune, {Finetune::lora, Finetune::full});
   b.bind("data.train", r.data.train);
   b.bind("data.valid", r.data.valid);
   b.bind("data.valid_split", r.data.valid_split);
@@ -203,7 +224,7 @@ Recipe bind_all(const YAML::Node& root, const std::string& name) {
   b.bind("lora.targets", r.lora.targets);
   b.bind("lora.rslora", r.lora.rslora);
   b.bind("lora.init_from", r.lora.init_from);
-  b.bind("optimizer.name", r.optimizer.name, {"adamw", "sgd"});
+  b.bind("optimizer.name", r.optimizer.name, {OptimizerName::adamw, OptimizerName::sgd});
   b.bind("optimizer.lr", r.optimizer.lr);
   std::vector<std::string> betas;
   b.bind("optimizer.betas", betas);

@@ -9,11 +9,19 @@
 
 namespace lmtune {
 
+enum class Precision { fp32, fp16, bf16 };  // the compute dtype
+enum class Finetune { lora, full };
+enum class OptimizerName { adamw, sgd };
+// The recipe's spelling of each value ("bf16", "lora", "adamw").
+std::string to_string(Precision p);
+std::string to_string(Finetune f);
+std::string to_string(OptimizerName o);
+
 struct Recipe {
   std::string model;                 // HF model directory
   std::string device = "auto";       // auto | cpu | vulkan[:N]
-  std::string precision = "bf16";    // fp32 | fp16 | bf16 (compute); trainable weights and optimizer state stay fp32
-  std::string finetune = "lora";     // lora | full
+  Precision precision = Precision::bf16;  // compute dtype; trainable weights and optimizer state stay fp32
+  Finetune finetune = Finetune::lora;
 
   struct Data {
     std::string train;
@@ -35,7 +43,7 @@ struct Recipe {
   } lora;
 
   struct Optimizer {
-    std::string name = "adamw";      // adamw | sgd
+    OptimizerName name = OptimizerName::adamw;
     double lr = 2e-4;
     double beta1 = 0.9, beta2 = 0.999;
     double eps = 1e-8;

@@ -59,8 +59,8 @@ void check_resume_compatible(const Recipe& now, const std::string& saved_yaml, c
   };
   const Key keys[] = {
       {"model", was.model, now.model},
-      {"finetune", was.finetune, now.finetune},
-      {"precision", was.precision, now.precision},
+      {"finetune", to_string(was.finetune), to_string(now.finetune)},
+      {"precision", to_string(was.precision), to_string(now.precision)},
       {"data.train", was.data.train, now.data.train},
       {"data.max_seq_len", std::to_string(was.data.max_seq_len), std::to_string(now.data.max_seq_len)},
       {"data.packing", std::to_string(was.data.packing), std::to_string(now.data.packing)},
@@ -69,7 +69,7 @@ void check_resume_compatible(const Recipe& now, const std::string& saved_yaml, c
       {"lora.rslora", std::to_string(was.lora.rslora), std::to_string(now.lora.rslora)},
       {"lora.targets", join(was.lora.targets), join(now.lora.targets)},
       {"lora.init_from", was.lora.init_from, now.lora.init_from},
-      {"optimizer.name", was.optimizer.name, now.optimizer.name},
+      {"optimizer.name", to_string(was.optimizer.name), to_string(now.optimizer.name)},
       {"train.batch_size", std::to_string(was.train.batch_size), std::to_string(now.train.batch_size)},
       {"train.grad_accum", std::to_string(was.train.grad_accum), std::to_string(now.train.grad_accum)},
       {"train.seed", std::to_string(was.train.seed), std::to_string(now.train.seed)},
@@ -86,7 +86,7 @@ void check_resume_compatible(const Recipe& now, const std::string& saved_yaml, c
 // Publishes what a save produces besides the checkpoint: the PEFT adapter (LoRA) or the model (full).
 fs::path write_output(const Recipe& r, TrainableModel& tm) {
   const fs::path save = r.save.dir;
-  if (r.finetune == "full") {
+  if (r.finetune == Finetune::full) {
     const fs::path out = save / "model";
     models::save_weights(tm.decoder->config(), tm.decoder->weights(), out, DType::f32);
     for (const auto& e : fs::directory_iterator(r.model)) {
@@ -137,7 +137,7 @@ TrainSummary train(const Recipe& r, const TrainOptions& options) {
   const ModelConfig& config = tm.decoder->config();
   spdlog::info("model: {} ({} layers, hidden {}, vocab {}) on {}, weights {}, compute {}; {} trainable parameters",
                config.model_type, config.num_hidden_layers, config.hidden_size, config.vocab_size, device.str(),
-               dtype_name(tm.weight_dtype), r.precision, tm.trainable_count());
+               dtype_name(tm.weight_dtype), to_string(r.precision), tm.trainable_count());
   Optimizer optimizer(tm.params, r.optimizer);
 
   TrainProgress pr;
@@ -240,12 +240,12 @@ TrainSummary train(const Recipe& r, const TrainOptions& options) {
   sum.seconds = seconds_since(session_start);
   sum.tokens_per_s = double(session_tokens) / std::max(sum.seconds, 1e-9);
   sum.skipped_steps = pr.skipped_steps;
-  if (sum.output.empty()) sum.output = save_dir / (r.finetune == "full" ? "model" : "adapter");
+  if (sum.output.empty()) sum.output = save_dir / (r.finetune == Finetune::full ? "model" : "adapter");
   spdlog::info("done: {} steps ({} this session) in {}, {:.0f} tok/s, final train loss {:.4f}, valid loss {}, "
                "peak memory {}, {} skipped step(s); {} in {}",
                sum.steps, sum.steps_this_session, hms(sum.seconds), sum.tokens_per_s, sum.final_train_loss,
                std::isnan(sum.final_valid_loss) ? std::string("-") : fmt::format("{:.4f}", sum.final_valid_loss),
-               mib(sum.peak_bytes), sum.skipped_steps, r.finetune == "full" ? "model" : "adapter", sum.output.string());
+               mib(sum.peak_bytes), sum.skipped_steps, r.finetune == Finetune::full ? "model" : "adapter", sum.output.string());
   return sum;
 }
 

@@ -262,20 +262,20 @@ TEST(TrainStep, Fp16OverflowSkipsTheStepAndHalvesTheScale) {
 // H100, without scaling, 100 steps at lr 1e-3 lost 23% of PEFT's loss drop; with the exact scalar kernel they
 // matched within 2e-4.
 TEST(TrainStep, LossScalingWhereBf16ProductsRoundToF16) {
-  EXPECT_TRUE(LossScaler::for_training("fp16", Device::cpu()).enabled);
-  EXPECT_FALSE(LossScaler::for_training("bf16", Device::cpu()).enabled);
-  EXPECT_FALSE(LossScaler::for_training("fp32", Device::cpu()).enabled);
+  EXPECT_TRUE(LossScaler::for_training(Precision::fp16, Device::cpu()).enabled);
+  EXPECT_FALSE(LossScaler::for_training(Precision::bf16, Device::cpu()).enabled);
+  EXPECT_FALSE(LossScaler::for_training(Precision::fp32, Device::cpu()).enabled);
   EXPECT_FALSE(backend(Device::cpu()).rounds_bf16_products_to_f16());
   if (vk::list_devices().empty()) GTEST_SKIP() << "no Vulkan device";
   const Device gpu = Device::vulkan(0);
   const bool coopmat = vk::coopmat_available(0);
   EXPECT_EQ(backend(gpu).rounds_bf16_products_to_f16(), coopmat);
-  EXPECT_EQ(LossScaler::for_training("bf16", gpu).enabled, coopmat);
-  EXPECT_FALSE(LossScaler::for_training("fp32", gpu).enabled);
+  EXPECT_EQ(LossScaler::for_training(Precision::bf16, gpu).enabled, coopmat);
+  EXPECT_FALSE(LossScaler::for_training(Precision::fp32, gpu).enabled);
   vk::KernelChoice& choice = vk::context_for(gpu).kernel_choice();
   const vk::MatmulKernel saved = choice.matmul;
   choice.matmul = vk::MatmulKernel::scalar;  // exact f32 products of bf16: no scaling
-  EXPECT_FALSE(LossScaler::for_training("bf16", gpu).enabled);
+  EXPECT_FALSE(LossScaler::for_training(Precision::bf16, gpu).enabled);
   choice.matmul = saved;
 }
 
