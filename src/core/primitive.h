@@ -41,6 +41,18 @@ class Primitive {
   virtual std::vector<Tensor> jvp(const Node& node, const std::vector<Tensor>& tangents);
 };
 
+// What most primitives declare, in one line each (MLX's DEFINE_GRADS is the model): the kernels on each backend
+// (eval_cpu in src/backend/cpu, eval_vulkan in src/backend/vulkan), and vjp and jvp with their has_ flags.
+#define LMTUNE_PRIMITIVE_EVAL()                                                      \
+  void eval_cpu(const std::vector<Tensor>& in, std::vector<Tensor>& out) override; \
+  void eval_vulkan(const std::vector<Tensor>& in, std::vector<Tensor>& out) override
+#define LMTUNE_PRIMITIVE_VJP_JVP()                                                                               \
+  bool has_vjp() const override { return true; }                                                               \
+  bool has_jvp() const override { return true; }                                                               \
+  std::vector<Tensor> vjp(const Node& node, const std::vector<Tensor>& cot, const std::vector<bool>& wanted) \
+      override;                                                                                                \
+  std::vector<Tensor> jvp(const Node& node, const std::vector<Tensor>& t) override
+
 struct OutputSpec {
   Shape shape;
   DType dtype;

@@ -17,10 +17,7 @@ class AutocastLinear final : public Primitive {
   const char* name() const override { return "autocast_linear"; }
   void eval_cpu(const std::vector<Tensor>& in, std::vector<Tensor>& out) override { forward(in, out); }
   void eval_vulkan(const std::vector<Tensor>& in, std::vector<Tensor>& out) override { forward(in, out); }
-  bool has_vjp() const override { return true; }
-  bool has_jvp() const override { return true; }
-  std::vector<Tensor> vjp(const Node& node, const std::vector<Tensor>& cot, const std::vector<bool>& wanted) override;
-  std::vector<Tensor> jvp(const Node& node, const std::vector<Tensor>& t) override;
+  LMTUNE_PRIMITIVE_VJP_JVP();
 
  private:
   void forward(const std::vector<Tensor>& in, std::vector<Tensor>& out);

@@ -17,14 +17,10 @@ class Unary final : public Primitive {
  public:
   Unary(UnaryOp op, float param = 0) : op(op), param(param) {}
   const char* name() const override { return unary_op_name(op); }
-  void eval_cpu(const std::vector<Tensor>& in, std::vector<Tensor>& out) override;
-  void eval_vulkan(const std::vector<Tensor>& in, std::vector<Tensor>& out) override;
-  bool has_vjp() const override { return true; }
-  bool has_jvp() const override { return true; }
+  LMTUNE_PRIMITIVE_EVAL();
+  LMTUNE_PRIMITIVE_VJP_JVP();
   bool vjp_needs_inputs() const override;
   bool vjp_needs_outputs() const override;
-  std::vector<Tensor> vjp(const Node& node, const std::vector<Tensor>& cot, const std::vector<bool>& wanted) override;
-  std::vector<Tensor> jvp(const Node& node, const std::vector<Tensor>& tangents) override;
   // dy/dx as a tensor, from the saved input x and output y.
   Tensor derivative(const Tensor& x, const Tensor& y) const;
 
@@ -37,8 +33,7 @@ class Binary final : public Primitive {
  public:
   explicit Binary(BinaryOp op) : op(op) {}
   const char* name() const override { return binary_op_name(op); }
-  void eval_cpu(const std::vector<Tensor>& in, std::vector<Tensor>& out) override;
-  void eval_vulkan(const std::vector<Tensor>& in, std::vector<Tensor>& out) override;
+  LMTUNE_PRIMITIVE_EVAL();
   bool has_vjp() const override { return op != BinaryOp::greater_equal; }
   bool has_jvp() const override { return op != BinaryOp::greater_equal; }
   bool vjp_needs_inputs() const override { return op != BinaryOp::add && op != BinaryOp::sub; }
@@ -52,12 +47,8 @@ class Binary final : public Primitive {
 class Where final : public Primitive {
  public:
   const char* name() const override { return "where"; }
-  void eval_cpu(const std::vector<Tensor>& in, std::vector<Tensor>& out) override;
-  void eval_vulkan(const std::vector<Tensor>& in, std::vector<Tensor>& out) override;
-  bool has_vjp() const override { return true; }
-  bool has_jvp() const override { return true; }
-  std::vector<Tensor> vjp(const Node& node, const std::vector<Tensor>& cot, const std::vector<bool>& wanted) override;
-  std::vector<Tensor> jvp(const Node& node, const std::vector<Tensor>& tangents) override;
+  LMTUNE_PRIMITIVE_EVAL();
+  LMTUNE_PRIMITIVE_VJP_JVP();
 };
 
 // out = act(gate) * up for act one of silu, gelu_tanh, gelu_erf (the UnaryOp code, shared with the kernels).
@@ -67,12 +58,8 @@ class GatedActivation final : public Primitive {
  public:
   explicit GatedActivation(UnaryOp act) : act(act) {}
   const char* name() const override { return "gated_activation"; }
-  void eval_cpu(const std::vector<Tensor>& in, std::vector<Tensor>& out) override;
-  void eval_vulkan(const std::vector<Tensor>& in, std::vector<Tensor>& out) override;
-  bool has_vjp() const override { return true; }
-  bool has_jvp() const override { return true; }
-  std::vector<Tensor> vjp(const Node& node, const std::vector<Tensor>& cot, const std::vector<bool>& wanted) override;
-  std::vector<Tensor> jvp(const Node& node, const std::vector<Tensor>& tangents) override;
+  LMTUNE_PRIMITIVE_EVAL();
+  LMTUNE_PRIMITIVE_VJP_JVP();
 
   UnaryOp act;
 };
@@ -83,8 +70,7 @@ class GatedActivationBackward final : public Primitive {
  public:
   explicit GatedActivationBackward(UnaryOp act) : act(act) {}
   const char* name() const override { return "gated_activation_backward"; }
-  void eval_cpu(const std::vector<Tensor>& in, std::vector<Tensor>& out) override;
-  void eval_vulkan(const std::vector<Tensor>& in, std::vector<Tensor>& out) override;
+  LMTUNE_PRIMITIVE_EVAL();
 
   UnaryOp act;
 };

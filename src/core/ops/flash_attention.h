@@ -26,13 +26,9 @@ class FlashAttention final : public Primitive {
  public:
   explicit FlashAttention(FlashAttentionParams p) : p(p) {}
   const char* name() const override { return "flash_attention"; }
-  void eval_cpu(const std::vector<Tensor>& in, std::vector<Tensor>& out) override;
-  void eval_vulkan(const std::vector<Tensor>& in, std::vector<Tensor>& out) override;
-  bool has_vjp() const override { return true; }
-  bool has_jvp() const override { return true; }
+  LMTUNE_PRIMITIVE_EVAL();
+  LMTUNE_PRIMITIVE_VJP_JVP();
   bool vjp_needs_outputs() const override { return true; }
-  std::vector<Tensor> vjp(const Node& node, const std::vector<Tensor>& cot, const std::vector<bool>& wanted) override;
-  std::vector<Tensor> jvp(const Node& node, const std::vector<Tensor>& t) override;
   FlashAttentionParams p;
 };
 
@@ -45,8 +41,7 @@ class FlashAttentionBackward final : public Primitive {
  public:
   explicit FlashAttentionBackward(FlashAttentionParams p) : p(p) {}
   const char* name() const override { return "flash_attention_backward"; }
-  void eval_cpu(const std::vector<Tensor>& in, std::vector<Tensor>& out) override;
-  void eval_vulkan(const std::vector<Tensor>& in, std::vector<Tensor>& out) override;
+  LMTUNE_PRIMITIVE_EVAL();
   FlashAttentionParams p;
 };
 

@@ -29,12 +29,9 @@ class LinearCrossEntropy final : public Primitive {
   const char* name() const override { return "linear_cross_entropy"; }
   void eval_cpu(const std::vector<Tensor>& in, std::vector<Tensor>& out) override { forward(in, out); }
   void eval_vulkan(const std::vector<Tensor>& in, std::vector<Tensor>& out) override { forward(in, out); }
-  bool has_vjp() const override { return true; }
-  bool has_jvp() const override { return true; }
+  LMTUNE_PRIMITIVE_VJP_JVP();
   bool vjp_needs_inputs() const override { return true; }
   bool vjp_needs_outputs() const override { return true; }
-  std::vector<Tensor> vjp(const Node& node, const std::vector<Tensor>& cot, const std::vector<bool>& wanted) override;
-  std::vector<Tensor> jvp(const Node& node, const std::vector<Tensor>& t) override;
 
   std::vector<int32_t> host_targets;  // the targets on the host (validated by the op function; N ints)
   int ignore_index;

@@ -21,10 +21,7 @@ class LoraLinear final : public Primitive {
   const char* name() const override { return "lora_linear"; }
   void eval_cpu(const std::vector<Tensor>& in, std::vector<Tensor>& out) override { forward(in, out); }
   void eval_vulkan(const std::vector<Tensor>& in, std::vector<Tensor>& out) override { forward(in, out); }
-  bool has_vjp() const override { return true; }
-  bool has_jvp() const override { return true; }
-  std::vector<Tensor> vjp(const Node& node, const std::vector<Tensor>& cot, const std::vector<bool>& wanted) override;
-  std::vector<Tensor> jvp(const Node& node, const std::vector<Tensor>& t) override;
+  LMTUNE_PRIMITIVE_VJP_JVP();
 
   const float scale;
   const Tensor weight_t;  // [K, N] or undefined

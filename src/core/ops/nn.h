@@ -11,16 +11,12 @@ class RmsNorm final : public Primitive {
  public:
   explicit RmsNorm(float eps) : eps(eps) {}
   const char* name() const override { return "rms_norm"; }
-  void eval_cpu(const std::vector<Tensor>& in, std::vector<Tensor>& out) override;
-  void eval_vulkan(const std::vector<Tensor>& in, std::vector<Tensor>& out) override;
-  bool has_vjp() const override { return true; }
-  bool has_jvp() const override { return true; }
+  LMTUNE_PRIMITIVE_EVAL();
+  LMTUNE_PRIMITIVE_VJP_JVP();
   bool vjp_needs_outputs() const override { return true; }
-  std::vector<Tensor> vjp(const Node& node, const std::vector<Tensor>& cot, const std::vector<bool>& wanted) override;
   // The fused gradient pass adds dx into x's collected gradient (the residual stream's).
   std::vector<Tensor> vjp_into(const Node& node, const std::vector<Tensor>& cot, const std::vector<bool>& wanted,
                                const std::vector<Tensor>& into, std::vector<bool>& added) override;
-  std::vector<Tensor> jvp(const Node& node, const std::vector<Tensor>& t) override;
   float eps;
 };
 
@@ -32,8 +28,7 @@ class RmsNormGrad final : public Primitive {
  public:
   explicit RmsNormGrad(bool accumulate = false) : accumulate(accumulate) {}
   const char* name() const override { return "rms_norm_grad"; }
-  void eval_cpu(const std::vector<Tensor>& in, std::vector<Tensor>& out) override;
-  void eval_vulkan(const std::vector<Tensor>& in, std::vector<Tensor>& out) override;
+  LMTUNE_PRIMITIVE_EVAL();
   const bool accumulate;
 };
 
@@ -42,13 +37,9 @@ class LayerNorm final : public Primitive {
  public:
   explicit LayerNorm(float eps) : eps(eps) {}
   const char* name() const override { return "layer_norm"; }
-  void eval_cpu(const std::vector<Tensor>& in, std::vector<Tensor>& out) override;
-  void eval_vulkan(const std::vector<Tensor>& in, std::vector<Tensor>& out) override;
-  bool has_vjp() const override { return true; }
-  bool has_jvp() const override { return true; }
+  LMTUNE_PRIMITIVE_EVAL();
+  LMTUNE_PRIMITIVE_VJP_JVP();
   bool vjp_needs_outputs() const override { return true; }
-  std::vector<Tensor> vjp(const Node& node, const std::vector<Tensor>& cot, const std::vector<bool>& wanted) override;
-  std::vector<Tensor> jvp(const Node& node, const std::vector<Tensor>& t) override;
   float eps;
 };
 
@@ -59,12 +50,8 @@ class Rope final : public Primitive {
  public:
   Rope(ops::RopeLayout layout, bool inverse) : layout(layout), inverse(inverse) {}
   const char* name() const override { return "rope"; }
-  void eval_cpu(const std::vector<Tensor>& in, std::vector<Tensor>& out) override;
-  void eval_vulkan(const std::vector<Tensor>& in, std::vector<Tensor>& out) override;
-  bool has_vjp() const override { return true; }
-  bool has_jvp() const override { return true; }
-  std::vector<Tensor> vjp(const Node& node, const std::vector<Tensor>& cot, const std::vector<bool>& wanted) override;
-  std::vector<Tensor> jvp(const Node& node, const std::vector<Tensor>& t) override;
+  LMTUNE_PRIMITIVE_EVAL();
+  LMTUNE_PRIMITIVE_VJP_JVP();
   ops::RopeLayout layout;
   bool inverse;
 };
@@ -76,13 +63,9 @@ class Dropout final : public Primitive {
  public:
   Dropout(float p, uint64_t key) : p(p), key(key) {}
   const char* name() const override { return "dropout"; }
-  void eval_cpu(const std::vector<Tensor>& in, std::vector<Tensor>& out) override;
-  void eval_vulkan(const std::vector<Tensor>& in, std::vector<Tensor>& out) override;
-  bool has_vjp() const override { return true; }
-  bool has_jvp() const override { return true; }
+  LMTUNE_PRIMITIVE_EVAL();
+  LMTUNE_PRIMITIVE_VJP_JVP();
   bool vjp_needs_inputs() const override { return false; }
-  std::vector<Tensor> vjp(const Node& node, const std::vector<Tensor>& cot, const std::vector<bool>& wanted) override;
-  std::vector<Tensor> jvp(const Node& node, const std::vector<Tensor>& t) override;
   // The drop threshold on the 32-bit hash (p * 2^32) and the keep scale.
   uint32_t threshold() const { return uint32_t(double(p) * 4294967296.0); }
   float scale() const { return 1.0f / (1.0f - p); }
@@ -94,12 +77,8 @@ class Dropout final : public Primitive {
 class Embedding final : public Primitive {
  public:
   const char* name() const override { return "embedding"; }
-  void eval_cpu(const std::vector<Tensor>& in, std::vector<Tensor>& out) override;
-  void eval_vulkan(const std::vector<Tensor>& in, std::vector<Tensor>& out) override;
-  bool has_vjp() const override { return true; }
-  bool has_jvp() const override { return true; }
-  std::vector<Tensor> vjp(const Node& node, const std::vector<Tensor>& cot, const std::vector<bool>& wanted) override;
-  std::vector<Tensor> jvp(const Node& node, const std::vector<Tensor>& t) override;
+  LMTUNE_PRIMITIVE_EVAL();
+  LMTUNE_PRIMITIVE_VJP_JVP();
 };
 
 // out [V, C] = scatter-add of grad [..., C] rows into rows ids[...] (f32 accumulation).
@@ -107,12 +86,8 @@ class EmbeddingBackward final : public Primitive {
  public:
   explicit EmbeddingBackward(int64_t vocab) : vocab(vocab) {}
   const char* name() const override { return "embedding_backward"; }
-  void eval_cpu(const std::vector<Tensor>& in, std::vector<Tensor>& out) override;
-  void eval_vulkan(const std::vector<Tensor>& in, std::vector<Tensor>& out) override;
-  bool has_vjp() const override { return true; }
-  bool has_jvp() const override { return true; }
-  std::vector<Tensor> vjp(const Node& node, const std::vector<Tensor>& cot, const std::vector<bool>& wanted) override;
-  std::vector<Tensor> jvp(const Node& node, const std::vector<Tensor>& t) override;
+  LMTUNE_PRIMITIVE_EVAL();
+  LMTUNE_PRIMITIVE_VJP_JVP();
   int64_t vocab;
 };
 

@@ -24,8 +24,7 @@ enum OptimHyper : int {
 class AdamWUpdate final : public Primitive {
  public:
   const char* name() const override { return "adamw_update"; }
-  void eval_cpu(const std::vector<Tensor>& in, std::vector<Tensor>& out) override;
-  void eval_vulkan(const std::vector<Tensor>& in, std::vector<Tensor>& out) override;
+  LMTUNE_PRIMITIVE_EVAL();
 };
 
 // Inputs: param f32, momentum buffer f32 (may be undefined when β1 = 0), grad, hyper. SGD with momentum
@@ -33,8 +32,7 @@ class AdamWUpdate final : public Primitive {
 class SgdUpdate final : public Primitive {
  public:
   const char* name() const override { return "sgd_update"; }
-  void eval_cpu(const std::vector<Tensor>& in, std::vector<Tensor>& out) override;
-  void eval_vulkan(const std::vector<Tensor>& in, std::vector<Tensor>& out) override;
+  LMTUNE_PRIMITIVE_EVAL();
 };
 
 // Inputs: any number of float tensors on one device (dense: contiguous, any offset). Output: f32 scalar, the sum of
@@ -45,8 +43,7 @@ class SumOfSquares final : public Primitive {
  public:
   explicit SumOfSquares(int max_buffers = 8) : max_buffers(max_buffers) {}
   const char* name() const override { return "sum_of_squares"; }
-  void eval_cpu(const std::vector<Tensor>& in, std::vector<Tensor>& out) override;
-  void eval_vulkan(const std::vector<Tensor>& in, std::vector<Tensor>& out) override;
+  LMTUNE_PRIMITIVE_EVAL();
   int max_buffers;
 };
 

@@ -11,8 +11,7 @@ class Reduce final : public Primitive {
  public:
   Reduce(ReduceOp op, int axis) : op(op), axis(axis) {}
   const char* name() const override;
-  void eval_cpu(const std::vector<Tensor>& in, std::vector<Tensor>& out) override;
-  void eval_vulkan(const std::vector<Tensor>& in, std::vector<Tensor>& out) override;
+  LMTUNE_PRIMITIVE_EVAL();
   bool has_vjp() const override { return op != ReduceOp::argmax; }
   bool has_jvp() const override { return op != ReduceOp::argmax; }
   bool vjp_needs_inputs() const override { return op != ReduceOp::sum; }
@@ -30,13 +29,9 @@ class TopK final : public Primitive {
  public:
   explicit TopK(int k) : k(k) {}
   const char* name() const override { return "topk"; }
-  void eval_cpu(const std::vector<Tensor>& in, std::vector<Tensor>& out) override;
-  void eval_vulkan(const std::vector<Tensor>& in, std::vector<Tensor>& out) override;
-  bool has_vjp() const override { return true; }
-  bool has_jvp() const override { return true; }
+  LMTUNE_PRIMITIVE_EVAL();
+  LMTUNE_PRIMITIVE_VJP_JVP();
   bool vjp_needs_outputs() const override { return true; }
-  std::vector<Tensor> vjp(const Node& node, const std::vector<Tensor>& cot, const std::vector<bool>& wanted) override;
-  std::vector<Tensor> jvp(const Node& node, const std::vector<Tensor>& t) override;
   int k;
 };
 

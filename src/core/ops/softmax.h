@@ -9,14 +9,10 @@ class Softmax final : public Primitive {
  public:
   explicit Softmax(bool log) : log(log) {}
   const char* name() const override { return log ? "log_softmax" : "softmax"; }
-  void eval_cpu(const std::vector<Tensor>& in, std::vector<Tensor>& out) override;
-  void eval_vulkan(const std::vector<Tensor>& in, std::vector<Tensor>& out) override;
-  bool has_vjp() const override { return true; }
-  bool has_jvp() const override { return true; }
+  LMTUNE_PRIMITIVE_EVAL();
+  LMTUNE_PRIMITIVE_VJP_JVP();
   bool vjp_needs_inputs() const override { return false; }
   bool vjp_needs_outputs() const override { return true; }
-  std::vector<Tensor> vjp(const Node& node, const std::vector<Tensor>& cot, const std::vector<bool>& wanted) override;
-  std::vector<Tensor> jvp(const Node& node, const std::vector<Tensor>& t) override;
   bool log;
 };
 
@@ -27,13 +23,9 @@ class CrossEntropy final : public Primitive {
  public:
   explicit CrossEntropy(int ignore_index) : ignore_index(ignore_index) {}
   const char* name() const override { return "cross_entropy"; }
-  void eval_cpu(const std::vector<Tensor>& in, std::vector<Tensor>& out) override;
-  void eval_vulkan(const std::vector<Tensor>& in, std::vector<Tensor>& out) override;
-  bool has_vjp() const override { return true; }
-  bool has_jvp() const override { return true; }
+  LMTUNE_PRIMITIVE_EVAL();
+  LMTUNE_PRIMITIVE_VJP_JVP();
   bool vjp_needs_outputs() const override { return true; }
-  std::vector<Tensor> vjp(const Node& node, const std::vector<Tensor>& cot, const std::vector<bool>& wanted) override;
-  std::vector<Tensor> jvp(const Node& node, const std::vector<Tensor>& t) override;
   int ignore_index;
 };
 
@@ -45,8 +37,7 @@ class CrossEntropyGrad final : public Primitive {
  public:
   explicit CrossEntropyGrad(int ignore_index) : ignore_index(ignore_index) {}
   const char* name() const override { return "cross_entropy_grad"; }
-  void eval_cpu(const std::vector<Tensor>& in, std::vector<Tensor>& out) override;
-  void eval_vulkan(const std::vector<Tensor>& in, std::vector<Tensor>& out) override;
+  LMTUNE_PRIMITIVE_EVAL();
   int ignore_index;
 };
 
@@ -60,8 +51,7 @@ class SoftmaxChunk final : public Primitive {
  public:
   SoftmaxChunk(float softcap, bool has_prev) : softcap(softcap), has_prev(has_prev) {}
   const char* name() const override { return "softmax_chunk"; }
-  void eval_cpu(const std::vector<Tensor>& in, std::vector<Tensor>& out) override;
-  void eval_vulkan(const std::vector<Tensor>& in, std::vector<Tensor>& out) override;
+  LMTUNE_PRIMITIVE_EVAL();
   float softcap;
   bool has_prev;
 };

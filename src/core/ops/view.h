@@ -59,26 +59,18 @@ class Expand final : public ViewPrimitive {
 class Copy final : public Primitive {
  public:
   const char* name() const override { return "copy"; }
-  void eval_cpu(const std::vector<Tensor>& in, std::vector<Tensor>& out) override;
-  void eval_vulkan(const std::vector<Tensor>& in, std::vector<Tensor>& out) override;
-  bool has_vjp() const override { return true; }
-  bool has_jvp() const override { return true; }
+  LMTUNE_PRIMITIVE_EVAL();
+  LMTUNE_PRIMITIVE_VJP_JVP();
   bool vjp_needs_inputs() const override { return false; }
-  std::vector<Tensor> vjp(const Node& node, const std::vector<Tensor>& cot, const std::vector<bool>& wanted) override;
-  std::vector<Tensor> jvp(const Node& node, const std::vector<Tensor>& t) override;
 };
 
 class Concat final : public Primitive {
  public:
   explicit Concat(int axis) : axis(axis) {}
   const char* name() const override { return "concat"; }
-  void eval_cpu(const std::vector<Tensor>& in, std::vector<Tensor>& out) override;
-  void eval_vulkan(const std::vector<Tensor>& in, std::vector<Tensor>& out) override;
-  bool has_vjp() const override { return true; }
-  bool has_jvp() const override { return true; }
+  LMTUNE_PRIMITIVE_EVAL();
+  LMTUNE_PRIMITIVE_VJP_JVP();
   bool vjp_needs_inputs() const override { return false; }
-  std::vector<Tensor> vjp(const Node& node, const std::vector<Tensor>& cot, const std::vector<bool>& wanted) override;
-  std::vector<Tensor> jvp(const Node& node, const std::vector<Tensor>& t) override;
   int axis;
 };
 
