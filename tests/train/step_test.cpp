@@ -229,6 +229,51 @@ TEST(TrainStep, TransposedWeightsSameLossAndGradients) {
   }
 }
 
+// Activations past f16's 65504 (Gemma's residual stream reaches them in real checkpoints) through a bf16 LoRA
+// step: the embedding rows are scaled so that the residual stream holds values near 1e5, which products on f16
+// tensor cores would turn into inf. On a Vulkan device the loss and every LoRA gradient are finite and match
+// the CPU's (bf16 compute on both).
+TEST(TrainStep, Bf16ActivationsBeyondF16Range) {
+  if (vk::list_devices().empty()) GTEST_SKIP() << "no Vulkan device";
+  Fixture f;
+  Dataset ds = f.dataset(text_corpus(4));
+  Batch b = Batcher(ds, 2, 64, true, 1).next();
+  std::vector<LossAndGrads> runs;
+  double residual_max = 0;
+  for (Device d : {Device::cpu(), Device::vulkan(0)}) {
+    TrainableModel tm = build_trainable_model(f.recipe({"precision=bf16"}), d);
+    randomize_lora_b(tm);
+    {
+      NoGrad ng;
+      Tensor& embed = tm.decoder->weights().embed;
+      std::vector<float> e = embed.to_floats();
+      float m = 0;
+      for (float v : e) m = std::max(m, std::fabs(v));
+      embed = ops::cast(ops::scale(ops::cast(embed, DType::f32), 2e5f / m), embed.dtype());
+      // The largest value the batch's tokens put into the residual stream.
+      const std::vector<float> scaled = embed.to_floats();
+      const int64_t C = embed.dim(1);
+      for (int32_t id : b.ids)
+        for (int64_t c = 0; c < C; ++c)
+          residual_max = std::max(residual_max, double(std::fabs(scaled[size_t(id * C + c)])));
+    }
+    runs.push_back(loss_and_grads(tm, b, true));
+    ASSERT_TRUE(std::isfinite(runs.back().loss)) << d.str();
+    for (const auto& g : runs.back().grads)
+      for (float v : g) ASSERT_TRUE(std::isfinite(v)) << d.str();
+  }
+  EXPECT_GT(residual_max, 65504.0);
+  EXPECT_NEAR(runs[1].loss, runs[0].loss, 2e-2 * std::abs(runs[0].loss));
+  for (size_t i = 0; i < runs[0].grads.size(); ++i) {
+    double d2 = 0, n2 = 0;
+    for (size_t j = 0; j < runs[0].grads[i].size(); ++j) {
+      d2 += std::pow(double(runs[1].grads[i][j]) - runs[0].grads[i][j], 2);
+      n2 += std::pow(double(runs[0].grads[i][j]), 2);
+    }
+    EXPECT_LE(d2, 1e-2 * n2 + 1e-20) << "gradient " << i;
+  }
+}
+
 TEST(TrainStep, Fp16OverflowSkipsTheStepAndHalvesTheScale) {
   Fixture f;
   Dataset ds = f.dataset(text_corpus(4));
