@@ -49,4 +49,23 @@ int normalize_axis(int axis, int ndim, const char* op) {
   return a;
 }
 
+void collapse_dims(Shape& shape, std::vector<Strides>& strides) {
+  Shape s;
+  std::vector<Strides> st(strides.size());
+  for (size_t d = 0; d < shape.size(); ++d) {
+    if (shape[d] == 1) continue;
+    bool merge = !s.empty();
+    for (size_t t = 0; t < strides.size() && merge; ++t) merge = st[t].back() == strides[t][d] * shape[d];
+    if (merge) {
+      s.back() *= shape[d];
+      for (size_t t = 0; t < strides.size(); ++t) st[t].back() = strides[t][d];
+    } else {
+      s.push_back(shape[d]);
+      for (size_t t = 0; t < strides.size(); ++t) st[t].push_back(strides[t][d]);
+    }
+  }
+  shape = std::move(s);
+  strides = std::move(st);
+}
+
 }  // namespace lmtune

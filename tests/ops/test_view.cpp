@@ -63,3 +63,33 @@ TEST_P(OpTest, SumToShape) {
 
 }  // namespace
 }  // namespace lmtune::test
+
+namespace lmtune::test {
+namespace {
+
+// The dim folding both backends' strided kernels start from: size-1 dims dropped, dims merged only where every
+// tensor allows it, a broadcast (stride 0) dim kept apart from the dims it cannot merge with.
+TEST(CollapseDims, MergesWhatEveryTensorAllows) {
+  Shape s{2, 1, 3, 4};
+  std::vector<Strides> st{{12, 12, 4, 1}, {12, 99, 4, 1}};
+  collapse_dims(s, st);
+  EXPECT_EQ(s, (Shape{24}));
+  EXPECT_EQ(st, (std::vector<Strides>{{1}, {1}}));
+  s = {2, 3, 4};
+  st = {{12, 4, 1}, {0, 4, 1}};  // the second broadcast over dim 0
+  collapse_dims(s, st);
+  EXPECT_EQ(s, (Shape{2, 12}));
+  EXPECT_EQ(st, (std::vector<Strides>{{12, 1}, {0, 1}}));
+  s = {3, 4};
+  st = {{1, 3}};  // transposed: nothing merges
+  collapse_dims(s, st);
+  EXPECT_EQ(s, (Shape{3, 4}));
+  s = {1, 1};
+  st = {{5, 5}};
+  collapse_dims(s, st);
+  EXPECT_TRUE(s.empty());
+  EXPECT_TRUE(st[0].empty());
+}
+
+}  // namespace
+}  // namespace lmtune::test

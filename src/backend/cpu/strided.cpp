@@ -109,21 +109,9 @@ float* scratch(int slot, int64_t n) {
 
 void for_each_span(const Shape& shape, const std::vector<Strides>& strides, const RowFn& fn) {
   if (shape.empty()) return for_each_row(shape, strides, fn);
-  // Merge dim i into dim i+1 when every tensor steps over dim i exactly one full dim i+1.
-  Shape s;
-  std::vector<Strides> st(strides.size());
-  for (size_t d = 0; d < shape.size(); ++d) {
-    if (shape[d] == 1) continue;
-    bool merge = !s.empty();
-    for (size_t t = 0; merge && t < strides.size(); ++t) merge = st[t].back() == strides[t][d] * shape[d];
-    if (merge) {
-      s.back() *= shape[d];
-      for (size_t t = 0; t < strides.size(); ++t) st[t].back() = strides[t][d];
-    } else {
-      s.push_back(shape[d]);
-      for (size_t t = 0; t < strides.size(); ++t) st[t].push_back(strides[t][d]);
-    }
-  }
+  Shape s = shape;
+  std::vector<Strides> st = strides;
+  collapse_dims(s, st);
   if (s.empty()) {  // every dim is 1: a single element
     s.push_back(1);
     for (auto& v : st) v.push_back(1);

@@ -15,25 +15,6 @@ uint32_t u32(int64_t v, const char* what) {
   return uint32_t(v);
 }
 
-void collapse_dims(Shape& shape, std::vector<Strides>& strides) {
-  Shape s;
-  std::vector<Strides> st(strides.size());
-  for (size_t d = 0; d < shape.size(); ++d) {
-    if (shape[d] == 1) continue;
-    bool merge = !s.empty();
-    for (size_t t = 0; t < strides.size() && merge; ++t) merge = st[t].back() == strides[t][d] * shape[d];
-    if (merge) {
-      s.back() *= shape[d];
-      for (size_t t = 0; t < strides.size(); ++t) st[t].back() = strides[t][d];
-    } else {
-      s.push_back(shape[d]);
-      for (size_t t = 0; t < strides.size(); ++t) st[t].push_back(strides[t][d]);
-    }
-  }
-  shape = std::move(s);
-  strides = std::move(st);
-}
-
 namespace {
 
 constexpr uint32_t kGroup = 256;

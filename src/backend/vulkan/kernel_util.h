@@ -13,8 +13,6 @@ namespace lmtune::vk {
 // v as uint32, or a ShapeError naming `what` (kernels index with 32-bit integers).
 uint32_t u32(int64_t v, const char* what);
 
-// Drops size-1 dims of `shape` and merges neighbours that are contiguous in every stride vector.
-void collapse_dims(Shape& shape, std::vector<Strides>& strides);
 
 // Outer dims (rows) of up to 3 collapsed dims for row kernels: shape padded in front with 1s, strides with 0s.
 struct Rows {
