@@ -116,11 +116,7 @@ void store_c(uint e, float v) {
 void main() {
   uint tid = gl_LocalInvocationID.x;
   uint tx = tid % RB, ty = tid / RB;
-  uint m0 = gl_WorkGroupID.y * BM, n0 = gl_WorkGroupID.x * BN;
-  uint a_base, b_base, c_base, split;
-  batch_offsets(gl_WorkGroupID.z, a_base, b_base, c_base, split);
-  uint kbeg = split * pc.k_split;
-  uint kend = min(pc.K, kbeg + pc.k_split);
+  TILE_ORIGIN
 
   vec4 acc[TM][TN / 4];
   [[unroll]] for (uint i = 0; i < TM; ++i)

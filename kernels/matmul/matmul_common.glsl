@@ -58,6 +58,16 @@ void batch_offsets(uint z, out uint a_base, out uint b_base, out uint c_base, ou
   c_base = pc.c_off + (split * nbatch + batch) * pc.M * pc.N;
 }
 
+// The first statements of the tiled kernels' main() (matmul.comp, matmul_coopmat.comp, matmul_coopmat_fast.comp):
+// declares m0, n0 (the workgroup's C tile origin, BM x BN tiles), a_base, b_base, c_base, split (batch_offsets) and
+// the split's K range [kbeg, kend).
+#define TILE_ORIGIN                                                                                   \
+  uint m0 = gl_WorkGroupID.y * BM, n0 = gl_WorkGroupID.x * BN;                                        \
+  uint a_base, b_base, c_base, split;                                                                 \
+  batch_offsets(gl_WorkGroupID.z, a_base, b_base, c_base, split);                                     \
+  uint kbeg = split * pc.k_split;                                                                     \
+  uint kend = min(pc.K, kbeg + pc.k_split);
+
 #endif  // MATMUL_NO_PARAMS
 
 // 16-bit element `e` of a buffer seen as 32-bit words.

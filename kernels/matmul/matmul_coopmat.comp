@@ -27,29 +27,8 @@
 #extension GL_EXT_control_flow_attributes : enable
 #extension GL_KHR_shader_subgroup_basic : enable
 
-#include "matmul/matmul_common.glsl"
+#include "matmul/matmul_coopmat_tile.glsl"
 
-#ifndef BM
-#define BM 128
-#endif
-#ifndef BN
-#define BN 256
-#endif
-#ifndef WM
-#define WM 64
-#endif
-#ifndef WN
-#define WN 64
-#endif
-#ifndef NSTAGE
-#define NSTAGE 1
-#endif
-#ifndef TA
-#define TA 0
-#endif
-#ifndef TB
-#define TB 0
-#endif
 #define BK 32
 
 // Specialization constants (matmul.cpp): element types of A, B, C (DT_*), and FAST = 1 when every tile is
@@ -59,11 +38,6 @@ layout(constant_id = 0) const uint ADT = 1;
 layout(constant_id = 1) const uint BDT = 1;
 layout(constant_id = 2) const uint CDT = 0;
 layout(constant_id = 3) const uint FAST = 0;
-#define NWN (BN / WN)
-#define NSG ((BM / WM) * NWN)
-#define NT (NSG * 32)
-#define FM (WM / 16)
-#define FN (WN / 16)
 
 // Shared tiles in uvec4 units (8 halves). Row strides carry 8 halves of padding.
 #if TA
@@ -129,21 +103,7 @@ float load_elem_b(uint e) {
   return dt == DT_F16 ? f16_bits_to_float(h) : bf16_bits_to_float(h);
 }
 
-// Chunk c of A's tile: its row (in the staged layout) and first contiguous index.
-void a_chunk(uint c, out uint m, out uint k) {
-#if TA
-  k = c / (BM / 8); m = (c % (BM / 8)) * 8;
-#else
-  m = c / (BK / 8); k = (c % (BK / 8)) * 8;
-#endif
-}
-void b_chunk(uint c, out uint k, out uint n) {
-#if TB
-  n = c / (BK / 8); k = (c % (BK / 8)) * 8;
-#else
-  k = c / (BN / 8); n = (c % (BN / 8)) * 8;
-#endif
-}
+#include "matmul/matmul_coopmat_chunks.glsl"
 
 void global_load(uint a_base, uint b_base, uint m0, uint n0, uint k0, uint kend, uint tid) {
   bool k_full = k0 + BK <= kend;
@@ -222,11 +182,7 @@ void main() {
   uint tid = gl_LocalInvocationID.x;
   uint sg = gl_SubgroupID, lane = gl_SubgroupInvocationID;
   uint wm = sg / NWN, wn = sg % NWN;
-  uint m0 = gl_WorkGroupID.y * BM, n0 = gl_WorkGroupID.x * BN;
-  uint a_base, b_base, c_base, split;
-  batch_offsets(gl_WorkGroupID.z, a_base, b_base, c_base, split);
-  uint kbeg = split * pc.k_split;
-  uint kend = min(pc.K, kbeg + pc.k_split);
+  TILE_ORIGIN
 
   fcoopmatNV<32, gl_ScopeSubgroup, 16, 16> acc[FM][FN];
   [[unroll]] for (uint i = 0; i < FM; ++i)

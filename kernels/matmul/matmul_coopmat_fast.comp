@@ -4,7 +4,8 @@
 // no bounds checks, no element-wise staging, per-thread global addresses computed once, dtypes as specialization
 // constants (0: A, 1: B, 2: C; DT_* codes). The main loop follows vkprobe's cm_gemm.comp (194 TFLOP/s on the
 // H100): global -> registers prefetch of the next K tile while the tensor cores work on the shared one.
-// Same push constants, bindings and tile defines (BM, BN, WM, WN, NSTAGE, TA, TB) as matmul_coopmat.comp.
+// Same push constants, bindings and tile defines (BM, BN, WM, WN, NSTAGE, TA, TB: matmul_coopmat_tile.glsl) as
+// matmul_coopmat.comp.
 // SH16 = 1: operands stored transposed in memory (TA / TB) are staged into a float16_t shared array and read with
 // column-major coopMatLoadNV from it (SH16 = 0: from the uvec4 array, as the general kernel does).
 // A low-rank addend alpha U V (pc.R > 0: 16-bit U and V laid out as A and B, with vector access, R a multiple of
@@ -19,40 +20,14 @@
 #extension GL_EXT_control_flow_attributes : enable
 #extension GL_KHR_shader_subgroup_basic : enable
 
-#include "matmul/matmul_common.glsl"
+#include "matmul/matmul_coopmat_tile.glsl"
 
-#ifndef BM
-#define BM 128
-#endif
-#ifndef BN
-#define BN 256
-#endif
-#ifndef WM
-#define WM 64
-#endif
-#ifndef WN
-#define WN 64
-#endif
-#ifndef NSTAGE
-#define NSTAGE 1
-#endif
-#ifndef TA
-#define TA 0
-#endif
-#ifndef TB
-#define TB 0
-#endif
 #ifndef SH16
 #define SH16 0
 #endif
 #ifndef BK
 #define BK 32
 #endif
-#define NWN (BN / WN)
-#define NSG ((BM / WM) * NWN)
-#define NT (NSG * 32)
-#define FM (WM / 16)
-#define FN (WN / 16)
 
 layout(constant_id = 0) const uint ADT = 1;
 layout(constant_id = 1) const uint BDT = 1;
@@ -143,21 +118,7 @@ uint b_e[B_LD];
 VEC8_FN(vec8_a, a128)
 VEC8_FN(vec8_b, b128)
 
-// Chunk c of the tiles: (row, first contiguous index) in the staged layout.
-void a_chunk(uint c, out uint m, out uint k) {
-#if TA
-  k = c / (BM / 8); m = (c % (BM / 8)) * 8;
-#else
-  m = c / (BK / 8); k = (c % (BK / 8)) * 8;
-#endif
-}
-void b_chunk(uint c, out uint k, out uint n) {
-#if TB
-  n = c / (BK / 8); k = (c % (BK / 8)) * 8;
-#else
-  k = c / (BN / 8); n = (c % (BN / 8)) * 8;
-#endif
-}
+#include "matmul/matmul_coopmat_chunks.glsl"
 
 void global_load(uint k0, uint tid) {
   uint ak = k0 * pc.a_cs, bk = k0 * pc.b_rs;
@@ -263,11 +224,7 @@ void main() {
   uint tid = gl_LocalInvocationID.x;
   uint sg = gl_SubgroupID, lane = gl_SubgroupInvocationID;
   uint wm = sg / NWN, wn = sg % NWN;
-  uint m0 = gl_WorkGroupID.y * BM, n0 = gl_WorkGroupID.x * BN;
-  uint a_base, b_base, c_base, split;
-  batch_offsets(gl_WorkGroupID.z, a_base, b_base, c_base, split);
-  uint kbeg = split * pc.k_split;
-  uint kend = min(pc.K, kbeg + pc.k_split);
+  TILE_ORIGIN
 
   [[unroll]] for (uint i = 0; i < A_LD; ++i) {
     uint m, k;
