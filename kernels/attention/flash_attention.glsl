@@ -101,4 +101,30 @@ uvec3 block_major_id() {
   return uvec3(id / groups, g % n.y, g / n.y);
 }
 
+// The start of the row-block kernels' main() (dQ, the tensor-core forward and dQ kernels): declares id (block-major,
+// above), b, kv and r0 (the batch, the kv head and the first of the workgroup's BR rows; row blocks count from the
+// last, which sees the most keys under a causal mask), G (query heads per kv head) and rows (T G).
+#define ROW_BLOCK                                                                                     \
+  const uvec3 id = block_major_id();                                                                  \
+  const uint b = id.z, kv = id.y, r0 = (gl_NumWorkGroups.x - 1u - id.x) * BR;                         \
+  const uint G = p.H / p.KV, rows = p.T * G;
+
+// The backward kernels' data of a block's N rows in shared memory: in range, query position, document, LSE, delta.
+#define SHARED_ROW_DATA(N)                                                                            \
+  shared bool row_ok[N];                                                                              \
+  shared int row_qpos[N], row_doc[N];                                                                 \
+  shared float row_lse[N], row_delta[N];
+
+// The scalar kernels' TR x TC register tile of a product over the head dim: S[i][j] = sum over d < D of row
+// sy + i SY of shared tile AT and row sx + j SX of shared tile BT (row stride QS). A and B name the registers that
+// hold column d of each.
+#define SCORE_TILE(S, A, AT, B, BT)                                                                   \
+      [[unroll]] for (uint i = 0; i < TR; ++i) [[unroll]] for (uint j = 0; j < TC; ++j) S[i][j] = 0.0; \
+      for (uint d = 0; d < p.D; ++d) {                                                                \
+        float A[TR], B[TC];                                                                           \
+        [[unroll]] for (uint i = 0; i < TR; ++i) A[i] = AT[(sy + i * SY) * QS + d];                   \
+        [[unroll]] for (uint j = 0; j < TC; ++j) B[j] = BT[(sx + j * SX) * QS + d];                   \
+        [[unroll]] for (uint i = 0; i < TR; ++i) [[unroll]] for (uint j = 0; j < TC; ++j) S[i][j] += A[i] * B[j]; \
+      }
+
 #endif

@@ -6,6 +6,8 @@
 #extension GL_EXT_control_flow_attributes : enable
 #include "attention/flash_attention.glsl"
 
+// Block and tile sizes per head-dim class, tuned for this kernel (the same numbers elsewhere are not shared code).
+// check_kernel_duplicates: off
 #if DMAX == 64
 #define BC 32
 #define BR 16
@@ -28,6 +30,7 @@
 #define AR 1
 #define AD 16
 #endif
+// check_kernel_duplicates: on
 const uint SX = BC / TC, SY = BR / TR;
 const uint AX = DMAX / AD, AY = BC / AR;  // accumulator tiles: AR keys x AD dims
 const uint PS = BC + 1u;
@@ -38,9 +41,7 @@ shared float q_s[BR * QS];
 shared float do_s[BR * QS];
 shared float p_s[BR * PS];
 shared float ds_s[BR * PS];
-shared bool row_ok[BR];
-shared int row_qpos[BR], row_doc[BR];
-shared float row_lse[BR], row_delta[BR];
+SHARED_ROW_DATA(BR)
 shared bool key_ok[BC];
 shared int key_doc[BC];
 

@@ -24,9 +24,7 @@ const uint KPASS = BC / (2u * BR);        // K (then V) staged through the Q/dO 
 shared uvec4 qo_s[2u * BR * DS];  // Q rows, then dO rows (K and V rows at the start)
 shared float s_s[NSG * 16u * SST];
 shared uvec4 pd_s[NSG * 16u * PST];
-shared bool row_ok[BR];
-shared int row_qpos[BR], row_doc[BR];
-shared float row_lse[BR], row_delta[BR];
+SHARED_ROW_DATA(BR)
 
 // Writes a subgroup's accumulators ACC a fragment at a time through its shared area (lane: key lr, 8 dims) to
 // tensor T (dtype field F, element offset OFF).
@@ -42,10 +40,7 @@ shared float row_lse[BR], row_delta[BR];
 
 void main() {
   const uint tid = gl_LocalInvocationIndex, sg = gl_SubgroupID, lane = gl_SubgroupInvocationID;
-  // Key blocks from the first (the most rows under a causal mask) on, block-major.
-  const uvec3 id = block_major_id();
-  const uint b = id.z / p.splits, split = id.z % p.splits, kv = id.y, j0 = id.x * BC;
-  const uint G = p.H / p.KV;
+  KEY_BLOCK  // b, split, kv, j0, G
   const uint lr = lane % 16u, half_ = lane / 16u;
 
   // K, then V rows into fragments, 2 BR rows (the subgroups that own them) per pass through the Q/dO tile.
@@ -77,13 +72,7 @@ void main() {
   const uint j = j0 + sg * 16u + lr;
   const bool key_ok = key_usable(b, j);
   const int key_doc = j < p.S ? doc_of(b, j) : 0;
-  const ivec2 queries = query_range(j0, min(j0 + BC, p.S) - 1u);
-  const uint row_end = uint(queries.y) * G;
-  // This workgroup's part of the rows, in whole row blocks, and where its outputs go.
-  const uint chunk = (row_end - uint(queries.x) * G + p.splits * BR - 1u) / (p.splits * BR) * BR;
-  const uint row_begin = min(uint(queries.x) * G + split * chunk, row_end);
-  const uint split_end = min(row_end, row_begin + chunk);
-  const uint out_shift = split * (gl_NumWorkGroups.z / p.splits) * p.S * p.KV * p.D;
+  SPLIT_ROWS  // this workgroup's rows [row_begin, split_end) of [queries.x G, row_end); out_shift
   const uint sbase = sg * 16u * SST, pbase = sg * 16u * PST;
   F32M dk[FD], dv[FD];
   [[unroll]] for (uint f = 0; f < FD; ++f) dk[f] = dv[f] = F32M(0.0);
@@ -116,15 +105,7 @@ void main() {
                        bounds_clear(int(j), int(j), int(r0 / G) + p.q_offset, int((r0 + BR - 1u) / G) + p.q_offset);
 
     // S = Q K^T stored transposed (S^T: this subgroup's keys by the block's rows); P^T on the lanes.
-    [[unroll]] for (uint nb = 0; nb < BR / 16u; ++nb) {
-      F32M acc = F32M(0.0);
-      [[unroll]] for (uint f = 0; f < FD; ++f) {
-        F16M qa;
-        coopMatLoadNV(qa, qo_s, nb * 16u * DS + f * 2u, DS, false);
-        acc = coopMatMulAddNV(qa, kt[f], acc);
-      }
-      coopMatStoreNV(acc, s_s, sbase + nb * 16u, SST, true);
-    }
+    TRANSPOSED_PRODUCT(BR, qa, qo_s, nb * 16u * DS + f * 2u, kt)
     subgroup_sync();
     float x[HC], pr[HC];
     uint vis = 0u;
@@ -154,15 +135,7 @@ void main() {
     }
 
     // dP = dO V^T stored transposed into the same area; dS^T on the lanes, over P^T.
-    [[unroll]] for (uint nb = 0; nb < BR / 16u; ++nb) {
-      F32M acc = F32M(0.0);
-      [[unroll]] for (uint f = 0; f < FD; ++f) {
-        F16M oa;
-        coopMatLoadNV(oa, qo_s, (BR + nb * 16u) * DS + f * 2u, DS, false);
-        acc = coopMatMulAddNV(oa, vt[f], acc);
-      }
-      coopMatStoreNV(acc, s_s, sbase + nb * 16u, SST, true);
-    }
+    TRANSPOSED_PRODUCT(BR, oa, qo_s, (BR + nb * 16u) * DS + f * 2u, vt)
     subgroup_sync();
     [[unroll]] for (uint i = 0; i < HC; i += 8u) {
       float ds[8];

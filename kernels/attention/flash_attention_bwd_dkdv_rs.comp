@@ -46,9 +46,7 @@ const uint NKCH = KCAP * (DMAX / 8u) / WG;
 
 shared uvec4 qo_s[TILE_BUFS * TILE];
 shared uvec4 out_s[NSG * 16u * FST / 4u];
-shared bool row_ok[TILE_BUFS * BR];
-shared int row_qpos[TILE_BUFS * BR], row_doc[TILE_BUFS * BR];
-shared float row_lse[TILE_BUFS * BR], row_delta[TILE_BUFS * BR];
+SHARED_ROW_DATA(TILE_BUFS * BR)
 
 // Writes a subgroup's accumulators ACC (its part of the head dims) a fragment at a time through shared memory
 // (lane: key lr, 8 dims) to tensor T (dtype field F, element offset OFF).
@@ -67,10 +65,7 @@ shared float row_lse[TILE_BUFS * BR], row_delta[TILE_BUFS * BR];
 void main() {
   const uint tid = gl_LocalInvocationIndex, sg = gl_SubgroupID, lane = gl_SubgroupInvocationID;
   const uint grp = sg / NSPLIT, part = sg % NSPLIT;  // this subgroup's 16 keys, and its part of the head dims
-  // Key blocks from the first (the most rows under a causal mask) on, block-major.
-  const uvec3 id = block_major_id();
-  const uint b = id.z / p.splits, split = id.z % p.splits, kv = id.y, j0 = id.x * BC;
-  const uint G = p.H / p.KV;
+  KEY_BLOCK  // b, split, kv, j0, G
 
   // K, then V rows through the whole tile (KCAP >= BC rows) into A fragments.
   F16M ka[FP], va[FP];
@@ -99,13 +94,7 @@ void main() {
     key_ok[h] = key_usable(b, jk[h]);
     key_doc[h] = jk[h] < p.S ? doc_of(b, jk[h]) : 0;
   }
-  const ivec2 queries = query_range(j0, min(j0 + BC, p.S) - 1u);
-  const uint row_end = uint(queries.y) * G;
-  // This workgroup's part of the rows, in whole row blocks, and where its outputs go.
-  const uint chunk = (row_end - uint(queries.x) * G + p.splits * BR - 1u) / (p.splits * BR) * BR;
-  const uint row_begin = min(uint(queries.x) * G + split * chunk, row_end);
-  const uint split_end = min(row_end, row_begin + chunk);
-  const uint out_shift = split * (gl_NumWorkGroups.z / p.splits) * p.S * p.KV * p.D;
+  SPLIT_ROWS  // this workgroup's rows [row_begin, split_end) of [queries.x G, row_end); out_shift
   F32M dk[FP], dv[FP];
   [[unroll]] for (uint f = 0; f < FP; ++f) dk[f] = dv[f] = F32M(0.0);
 

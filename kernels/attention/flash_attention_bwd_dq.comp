@@ -6,6 +6,8 @@
 #extension GL_EXT_control_flow_attributes : enable
 #include "attention/flash_attention.glsl"
 
+// Block and tile sizes per head-dim class, tuned for this kernel (the same numbers elsewhere are not shared code).
+// check_kernel_duplicates: off
 #if DMAX == 64
 #define BR 32
 #define BC 32
@@ -28,6 +30,7 @@
 #define AR 1
 #define AD 16
 #endif
+// check_kernel_duplicates: on
 const uint SX = BC / TC, SY = BR / TR;
 const uint AX = DMAX / AD, AY = BR / AR;
 const uint PS = BC + 1u;
@@ -36,18 +39,13 @@ shared float q_s[BR * QS];
 shared float do_s[BR * QS];
 shared float kv_s[BC * QS];
 shared float ds_s[BR * PS];
-shared bool row_ok[BR];
-shared int row_qpos[BR], row_doc[BR];
-shared float row_lse[BR], row_delta[BR];
+SHARED_ROW_DATA(BR)
 shared bool key_ok[BC];
 shared int key_doc[BC];
 
 void main() {
   const uint tid = gl_LocalInvocationIndex;
-  // Row blocks from the last (the most keys under a causal mask) on, block-major.
-  const uvec3 id = block_major_id();
-  const uint b = id.z, kv = id.y, r0 = (gl_NumWorkGroups.x - 1u - id.x) * BR;
-  const uint G = p.H / p.KV, rows = p.T * G;
+  ROW_BLOCK  // b, kv, r0, G, rows
   const uint sx = tid % SX, sy = tid / SX, ax = tid % AX, ay = tid / AX;
   const bool s_active = sy < SY;
 
@@ -86,13 +84,7 @@ void main() {
 
     float dp[TR][TC];
     if (s_active) {
-      [[unroll]] for (uint i = 0; i < TR; ++i) [[unroll]] for (uint j = 0; j < TC; ++j) dp[i][j] = 0.0;
-      for (uint d = 0; d < p.D; ++d) {
-        float a[TR], v[TC];
-        [[unroll]] for (uint i = 0; i < TR; ++i) a[i] = do_s[(sy + i * SY) * QS + d];
-        [[unroll]] for (uint j = 0; j < TC; ++j) v[j] = kv_s[(sx + j * SX) * QS + d];
-        [[unroll]] for (uint i = 0; i < TR; ++i) [[unroll]] for (uint j = 0; j < TC; ++j) dp[i][j] += a[i] * v[j];
-      }
+      SCORE_TILE(dp, a, do_s, v, kv_s)
     }
     barrier();
     for (uint i = tid; i < BC * DMAX; i += WG) {
@@ -103,13 +95,7 @@ void main() {
 
     if (s_active) {
       float s[TR][TC];
-      [[unroll]] for (uint i = 0; i < TR; ++i) [[unroll]] for (uint j = 0; j < TC; ++j) s[i][j] = 0.0;
-      for (uint d = 0; d < p.D; ++d) {
-        float a[TR], k[TC];
-        [[unroll]] for (uint i = 0; i < TR; ++i) a[i] = q_s[(sy + i * SY) * QS + d];
-        [[unroll]] for (uint j = 0; j < TC; ++j) k[j] = kv_s[(sx + j * SX) * QS + d];
-        [[unroll]] for (uint i = 0; i < TR; ++i) [[unroll]] for (uint j = 0; j < TC; ++j) s[i][j] += a[i] * k[j];
-      }
+      SCORE_TILE(s, a, q_s, k, kv_s)
       [[unroll]] for (uint i = 0; i < TR; ++i) [[unroll]] for (uint j = 0; j < TC; ++j) {
         uint r = sy + i * SY, c = sx + j * SX;
         float ds = 0.0;

@@ -7,13 +7,8 @@
 // 32-key tiles for the reason given in flash_attention_fwd_cm.comp. Layout conventions in flash_attention_cm.glsl.
 #define FLASH_WG 256
 #include "attention/flash_attention_cm.glsl"
+#include "attention/flash_attention_cm_rows.glsl"
 
-const uint BC = 32u;                      // keys per block
-const uint BR = NSG * 16u;                // rows per workgroup
-const uint SST = BC + 4u;                 // f32 stride of a subgroup's S, then dP
-const uint FST = 20u;                     // f32 stride of a subgroup's 16x16 dQ fragment (same area)
-const uint PST = (BC + 8u) / 8u;          // uvec4 stride of dS
-const uint HC = BC / 2u;                  // score columns per lane
 const uint NCH = BC * (DMAX / 8u) / WG;   // 8-element chunks per invocation of a K or V tile
 const uint QPASS = BR / (2u * BC);        // Q (then dO) staged through the K/V tile in passes of 2 BC rows
 
@@ -25,31 +20,14 @@ shared int key_doc[BC];
 
 void main() {
   const uint tid = gl_LocalInvocationIndex, sg = gl_SubgroupID, lane = gl_SubgroupInvocationID;
-  // The last row blocks see the most keys under a causal mask: they start first.
-  const uvec3 id = block_major_id();
-  const uint b = id.z, kv = id.y, r0 = (gl_NumWorkGroups.x - 1u - id.x) * BR;
-  const uint G = p.H / p.KV, rows = p.T * G;
+  ROW_BLOCK  // b, kv, r0, G, rows
   const uint lr = lane % 16u, half_ = lane / 16u;
 
   // Q, then dO rows into fragments, 2 BC rows (the subgroups that own them) per pass through the K/V tile.
   F16M qt[FD], ot[FD];  // Q^T and dO^T, the B operands of S^T = K Q^T and dP^T = V dO^T
   uvec4 wk[NCH], wv[NCH];
-#define ROW_T(R0) (min((R0) + r, rows - 1u) / G)
-#define ROW_H(R0) (kv * G + min((R0) + r, rows - 1u) % G)
   for (uint pass = 0; pass < 2u * QPASS; ++pass) {
-    const uint q0 = r0 + (pass % QPASS) * 2u * BC;
-    if (pass < QPASS) {
-      LOAD_CHUNKS(NCH, wk, Q, 0, q0 + r < rows, q_at(b, ROW_T(q0), ROW_H(q0), d0))
-      LOAD_CHUNKS(NCH, wv, Q, 0, q0 + BC + r < rows, q_at(b, ROW_T(q0 + BC), ROW_H(q0 + BC), d0))
-    } else {
-      LOAD_CHUNKS(NCH, wk, X, 3, q0 + r < rows, x_at(b, ROW_T(q0), ROW_H(q0), d0))
-      LOAD_CHUNKS(NCH, wv, X, 3, q0 + BC + r < rows, x_at(b, ROW_T(q0 + BC), ROW_H(q0 + BC), d0))
-    }
-    if (pass > 0u) barrier();
-    const uint f_dt = pass < QPASS ? 0u : 3u;
-    STORE_CHUNKS(NCH, wk, f_dt, kv_s, 0u, q0 + r < rows)
-    STORE_CHUNKS(NCH, wv, f_dt, kv_s, BC * DS, q0 + BC + r < rows)
-    barrier();
+    STAGE_Q_DO_PASS(pass)
     if (sg / (2u * BC / 16u) == pass % QPASS) {
       const uint at = (sg % (2u * BC / 16u)) * 16u * DS;
       [[unroll]] for (uint f = 0; f < FD; ++f) {
@@ -74,30 +52,14 @@ void main() {
     const bool whole = row_ok && keys_plain && doc == block_doc && bounds_clear(jb, jb + int(BC) - 1, qpos, qpos);
 
     // S = Q K^T as S^T = K Q^T stored transposed (row-major K loads); this lane's half row into registers.
-    [[unroll]] for (uint nb = 0; nb < BC / 16u; ++nb) {
-      F32M acc = F32M(0.0);
-      [[unroll]] for (uint f = 0; f < FD; ++f) {
-        F16M ka;
-        coopMatLoadNV(ka, kv_s, nb * 16u * DS + f * 2u, DS, false);
-        acc = coopMatMulAddNV(ka, qt[f], acc);
-      }
-      coopMatStoreNV(acc, s_s, sbase + nb * 16u, SST, true);
-    }
+    TRANSPOSED_PRODUCT(BC, ka, kv_s, nb * 16u * DS + f * 2u, qt)
     subgroup_sync();
     float x[HC];
     [[unroll]] for (uint i = 0; i < HC; ++i) x[i] = capped(s_s[sbase + lr * SST + half_ * HC + i]);
     subgroup_sync();
 
     // dP = dO V^T as dP^T = V dO^T, into the same area.
-    [[unroll]] for (uint nb = 0; nb < BC / 16u; ++nb) {
-      F32M acc = F32M(0.0);
-      [[unroll]] for (uint f = 0; f < FD; ++f) {
-        F16M va;
-        coopMatLoadNV(va, kv_s, (BC + nb * 16u) * DS + f * 2u, DS, false);
-        acc = coopMatMulAddNV(va, ot[f], acc);
-      }
-      coopMatStoreNV(acc, s_s, sbase + nb * 16u, SST, true);
-    }
+    TRANSPOSED_PRODUCT(BC, va, kv_s, (BC + nb * 16u) * DS + f * 2u, ot)
     subgroup_sync();
 
     [[unroll]] for (uint i = 0; i < HC; i += 8u) {

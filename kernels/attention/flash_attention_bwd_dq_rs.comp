@@ -34,30 +34,13 @@ shared int key_doc[BC];
 void main() {
   const uint tid = gl_LocalInvocationIndex, sg = gl_SubgroupID, lane = gl_SubgroupInvocationID;
   const uint grp = sg / NSPLIT, part = sg % NSPLIT;  // this subgroup's 16 rows, and its part of the head dims
-  // The last row blocks see the most keys under a causal mask: they start first.
-  const uvec3 id = block_major_id();
-  const uint b = id.z, kv = id.y, r0 = (gl_NumWorkGroups.x - 1u - id.x) * BR;
-  const uint G = p.H / p.KV, rows = p.T * G;
+  ROW_BLOCK  // b, kv, r0, G, rows
 
   // Q, then dO rows into A fragments, 2 BC rows per pass through the K/V tile.
   F16M qa[FP], oa[FP];
   uvec4 wk[NCH], wv[NCH];
-#define ROW_T(R0) (min((R0) + r, rows - 1u) / G)
-#define ROW_H(R0) (kv * G + min((R0) + r, rows - 1u) % G)
   for (uint pass = 0; pass < 2u * QPASS; ++pass) {
-    const uint q0 = r0 + (pass % QPASS) * 2u * BC;
-    if (pass < QPASS) {
-      LOAD_CHUNKS(NCH, wk, Q, 0, q0 + r < rows, q_at(b, ROW_T(q0), ROW_H(q0), d0))
-      LOAD_CHUNKS(NCH, wv, Q, 0, q0 + BC + r < rows, q_at(b, ROW_T(q0 + BC), ROW_H(q0 + BC), d0))
-    } else {
-      LOAD_CHUNKS(NCH, wk, X, 3, q0 + r < rows, x_at(b, ROW_T(q0), ROW_H(q0), d0))
-      LOAD_CHUNKS(NCH, wv, X, 3, q0 + BC + r < rows, x_at(b, ROW_T(q0 + BC), ROW_H(q0 + BC), d0))
-    }
-    if (pass > 0u) barrier();
-    const uint f_dt = pass < QPASS ? 0u : 3u;
-    STORE_CHUNKS(NCH, wk, f_dt, kv_s, 0u, q0 + r < rows)
-    STORE_CHUNKS(NCH, wv, f_dt, kv_s, BC * DS, q0 + BC + r < rows)
-    barrier();
+    STAGE_Q_DO_PASS(pass)
     if (grp / (2u * BC / 16u) == pass % QPASS) {
       const uint at = (grp % (2u * BC / 16u)) * 16u * DS + part * FP * 2u;
       [[unroll]] for (uint f = 0; f < FP; ++f) {

@@ -20,6 +20,8 @@
 // Operand tiles are f16 [rows][DMAX + 8] (uvec4 = 8 halves per element of the shared arrays). Inputs are read 8
 // elements at a time where flags bit 8 says every row start is a multiple of 8 elements, else element by element;
 // bf16 and f32 inputs become f16 in the tiles.
+//
+// The block geometry of the _cm forward and dQ kernels is in flash_attention_cm_rows.glsl.
 #ifndef LMTUNE_FLASH_ATTENTION_CM_GLSL
 #define LMTUNE_FLASH_ATTENTION_CM_GLSL
 
@@ -216,6 +218,71 @@ bool voted(uint slots, out int doc) {
     barrier();                                                                                       \
     int block_doc;                                                                                   \
     const bool keys_plain = voted(1u, block_doc);                                                   
+
+// The forward and dQ kernels (both families) take their Q (and dQ's dO) rows into fragments through the K/V tile
+// kv_s, 2 BC rows per pass; after a pass's barrier the subgroups that own its rows load their fragments.
+// STAGE_Q_PASS(pass): forward pass `pass` of QPASS, Q rows q0 .. q0 + 2 BC. STAGE_Q_DO_PASS(pass): dQ pass `pass` of
+// 2 QPASS, Q rows, then (pass >= QPASS) the same rows of dO. Rows past the problem are zero (their addresses are
+// clamped into it). Both declare q0, STAGE_Q_DO_PASS also f_dt (the staged tensor's dtype field).
+#define ROW_AT(AT, R0) AT(b, min((R0) + r, rows - 1u) / G, kv * G + min((R0) + r, rows - 1u) % G, d0)
+#define LOAD_ROW_PAIR(T, F, AT, R0)                                                                     \
+    LOAD_CHUNKS(NCH, wk, T, F, R0 + r < rows, ROW_AT(AT, R0))                                           \
+    LOAD_CHUNKS(NCH, wv, T, F, R0 + BC + r < rows, ROW_AT(AT, R0 + BC))
+#define STORE_ROW_PAIR(F, R0)                                                                           \
+    STORE_CHUNKS(NCH, wk, F, kv_s, 0u, R0 + r < rows)                                                   \
+    STORE_CHUNKS(NCH, wv, F, kv_s, BC * DS, R0 + BC + r < rows)
+#define STAGE_Q_PASS(pass)                                                                              \
+    const uint q0 = r0 + pass * 2u * BC;                                                                \
+    LOAD_ROW_PAIR(Q, 0, q_at, q0)                                                                       \
+    if (pass > 0u) barrier();                                                                           \
+    STORE_ROW_PAIR(0, q0)                                                                               \
+    barrier();
+#define STAGE_Q_DO_PASS(pass)                                                                           \
+    const uint q0 = r0 + (pass % QPASS) * 2u * BC;                                                      \
+    if (pass < QPASS) {                                                                                 \
+      LOAD_ROW_PAIR(Q, 0, q_at, q0)                                                                     \
+    } else {                                                                                            \
+      LOAD_ROW_PAIR(X, 3, x_at, q0)                                                                     \
+    }                                                                                                   \
+    if (pass > 0u) barrier();                                                                           \
+    const uint f_dt = pass < QPASS ? 0u : 3u;                                                           \
+    STORE_ROW_PAIR(f_dt, q0)                                                                            \
+    barrier();
+
+// The products of the _cm kernels whose second operand would be transposed, run transposed (see the top of this
+// file): for each 16 rows nb of an operand tile of N rows, the product of those rows (A fragments, loaded row-major
+// from TILE at uvec4 offset A_AT, an expression of nb and f) and the subgroup's fixed fragments B[f] over the head
+// dim, stored transposed into the subgroup's f32 area (s_s from sbase on, stride SST). A names the A fragment.
+#define TRANSPOSED_PRODUCT(N, A, TILE, A_AT, B)                                                          \
+    [[unroll]] for (uint nb = 0; nb < N / 16u; ++nb) {                                                  \
+      F32M acc = F32M(0.0);                                                                             \
+      [[unroll]] for (uint f = 0; f < FD; ++f) {                                                        \
+        F16M A;                                                                                         \
+        coopMatLoadNV(A, TILE, A_AT, DS, false);                                                        \
+        acc = coopMatMulAddNV(A, B[f], acc);                                                            \
+      }                                                                                                 \
+      coopMatStoreNV(acc, s_s, sbase + nb * 16u, SST, true);                                            \
+    }
+
+// The start of the tensor-core dK/dV kernels' main(): declares id (block_major_id), b, split, kv and j0 (the batch,
+// the part of the rows, the kv head and the first of the workgroup's BC keys; key blocks count from the first,
+// which the most rows see under a causal mask) and G (query heads per kv head).
+#define KEY_BLOCK                                                                                       \
+  const uvec3 id = block_major_id();                                                                    \
+  const uint b = id.z / p.splits, split = id.z % p.splits, kv = id.y, j0 = id.x * BC;                   \
+  const uint G = p.H / p.KV;
+
+// The rows of the tensor-core dK/dV kernels: rows [queries.x G, row_end) may see keys j0 .. j0 + BC. Where few
+// workgroups would run they are cut into p.splits parts (grid z = batch * splits): this workgroup takes rows
+// [row_begin, split_end), whole blocks of BR, and writes f32 partial dK and dV from out_shift on
+// (flash_attention_bwd_sum.comp adds them up). Declares queries, row_end, chunk, row_begin, split_end, out_shift.
+#define SPLIT_ROWS                                                                                      \
+  const ivec2 queries = query_range(j0, min(j0 + BC, p.S) - 1u);                                        \
+  const uint row_end = uint(queries.y) * G;                                                             \
+  const uint chunk = (row_end - uint(queries.x) * G + p.splits * BR - 1u) / (p.splits * BR) * BR;       \
+  const uint row_begin = min(uint(queries.x) * G + split * chunk, row_end);                             \
+  const uint split_end = min(row_end, row_begin + chunk);                                               \
+  const uint out_shift = split * (gl_NumWorkGroups.z / p.splits) * p.S * p.KV * p.D;
 
 void subgroup_sync() {
   subgroupMemoryBarrierShared();

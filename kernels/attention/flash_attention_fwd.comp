@@ -9,6 +9,8 @@
 #extension GL_EXT_control_flow_attributes : enable
 #include "attention/flash_attention.glsl"
 
+// Block and tile sizes per head-dim class, tuned for this kernel (the same numbers elsewhere are not shared code).
+// check_kernel_duplicates: off
 #if DMAX == 64
 #define BR 32
 #define BC 32
@@ -31,6 +33,7 @@
 #define AR 2
 #define AD 16
 #endif
+// check_kernel_duplicates: on
 const uint SX = BC / TC, SY = BR / TR;    // the score tile grid (invocations past SX * SY idle there)
 const uint AX = DMAX / AD, AY = BR / AR;  // the output tile grid (AX * AY == 128)
 const uint PS = BC + 1u;
@@ -94,13 +97,7 @@ void main() {
 
     float s[TR][TC];
     if (s_active) {
-      [[unroll]] for (uint i = 0; i < TR; ++i) [[unroll]] for (uint j = 0; j < TC; ++j) s[i][j] = 0.0;
-      for (uint d = 0; d < p.D; ++d) {
-        float a[TR], k[TC];
-        [[unroll]] for (uint i = 0; i < TR; ++i) a[i] = q_s[(sy + i * SY) * QS + d];
-        [[unroll]] for (uint j = 0; j < TC; ++j) k[j] = kv_s[(sx + j * SX) * QS + d];
-        [[unroll]] for (uint i = 0; i < TR; ++i) [[unroll]] for (uint j = 0; j < TC; ++j) s[i][j] += a[i] * k[j];
-      }
+      SCORE_TILE(s, a, q_s, k, kv_s)
       [[unroll]] for (uint i = 0; i < TR; ++i) [[unroll]] for (uint j = 0; j < TC; ++j) {
         uint r = sy + i * SY, c = sx + j * SX;
         bool vis = visible(row_ok[r], row_qpos[r], row_doc[r], key_ok[c], jb + int(c), key_doc[c]);

@@ -11,13 +11,8 @@
 // flash_attention_cm.glsl.
 #define FLASH_WG 256
 #include "attention/flash_attention_cm.glsl"
+#include "attention/flash_attention_cm_rows.glsl"
 
-const uint BC = 32u;                          // keys per block
-const uint BR = NSG * 16u;                    // rows per workgroup
-const uint SST = BC + 4u;                     // f32 stride of a subgroup's scores
-const uint FST = 20u;                         // f32 stride of a subgroup's 16x16 output fragment (same area)
-const uint PST = (BC + 8u) / 8u;              // uvec4 stride of P
-const uint HC = BC / 2u;                      // score columns per lane
 const float TAU = 8.0;                        // lazy rescaling threshold (e^8 = 2981)
 const uint NCH = BC * (DMAX / 8u) / WG;       // 8-element chunks per invocation of a K or V tile
 const uint QPASS = BR / (2u * BC);            // Q staged through the K/V tile in passes of 2 BC rows
@@ -30,24 +25,14 @@ shared int key_doc[BC];
 
 void main() {
   const uint tid = gl_LocalInvocationIndex, sg = gl_SubgroupID, lane = gl_SubgroupInvocationID;
-  // The last row blocks see the most keys under a causal mask: they start first.
-  const uvec3 id = block_major_id();
-  const uint b = id.z, kv = id.y, r0 = (gl_NumWorkGroups.x - 1u - id.x) * BR;
-  const uint G = p.H / p.KV, rows = p.T * G;
+  ROW_BLOCK  // b, kv, r0, G, rows
   const uint lr = lane % 16u, half_ = lane / 16u;  // this lane's row in the subgroup and its half of the columns
 
   // Q rows into fragments, 2 BC rows (the subgroups that own them) per pass through the K/V tile.
   F16M qt[FD];  // Q^T, the B operand of S^T = K Q^T
   uvec4 wk[NCH], wv[NCH];
   for (uint pass = 0; pass < QPASS; ++pass) {
-    const uint q0 = r0 + pass * 2u * BC;
-#define Q_AT(R0) q_at(b, min((R0) + r, rows - 1u) / G, kv * G + min((R0) + r, rows - 1u) % G, d0)
-    LOAD_CHUNKS(NCH, wk, Q, 0, q0 + r < rows, Q_AT(q0))
-    LOAD_CHUNKS(NCH, wv, Q, 0, q0 + BC + r < rows, Q_AT(q0 + BC))
-    if (pass > 0u) barrier();
-    STORE_CHUNKS(NCH, wk, 0, kv_s, 0u, q0 + r < rows)
-    STORE_CHUNKS(NCH, wv, 0, kv_s, BC * DS, q0 + BC + r < rows)
-    barrier();
+    STAGE_Q_PASS(pass)
     if (sg / (2u * BC / 16u) == pass)
       [[unroll]] for (uint f = 0; f < FD; ++f)
         coopMatLoadNV(qt[f], kv_s, (sg % (2u * BC / 16u)) * 16u * DS + f * 2u, DS, true);
@@ -68,15 +53,7 @@ void main() {
 
     // S = Q K^T for this subgroup's 16 rows, as S^T = K Q^T stored transposed: K's fragments load row-major
     // (Q K^T needs a column-major load per multiply-add: 6% of the forward pass on the H100).
-    [[unroll]] for (uint nb = 0; nb < BC / 16u; ++nb) {
-      F32M acc = F32M(0.0);
-      [[unroll]] for (uint f = 0; f < FD; ++f) {
-        F16M ka;
-        coopMatLoadNV(ka, kv_s, nb * 16u * DS + f * 2u, DS, false);
-        acc = coopMatMulAddNV(ka, qt[f], acc);
-      }
-      coopMatStoreNV(acc, s_s, sbase + nb * 16u, SST, true);
-    }
+    TRANSPOSED_PRODUCT(BC, ka, kv_s, nb * 16u * DS + f * 2u, qt)
     subgroup_sync();
 
     // Online softmax of this lane's half row; element-wise masks only where the block is not wholly visible.

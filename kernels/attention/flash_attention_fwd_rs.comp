@@ -40,23 +40,13 @@ shared int key_doc[BC];
 void main() {
   const uint tid = gl_LocalInvocationIndex, sg = gl_SubgroupID, lane = gl_SubgroupInvocationID;
   const uint grp = sg / NSPLIT, part = sg % NSPLIT;  // this subgroup's 16 rows, and its part of the head dims
-  // The last row blocks see the most keys under a causal mask: they start first.
-  const uvec3 id = block_major_id();
-  const uint b = id.z, kv = id.y, r0 = (gl_NumWorkGroups.x - 1u - id.x) * BR;
-  const uint G = p.H / p.KV, rows = p.T * G;
+  ROW_BLOCK  // b, kv, r0, G, rows
 
   // Q rows into fragments (the A operand of S = Q K^T), 2 BC rows per pass through the K/V tile.
   F16M qa[FP];
   uvec4 wk[NCH], wv[NCH];
   for (uint pass = 0; pass < QPASS; ++pass) {
-    const uint q0 = r0 + pass * 2u * BC;
-#define Q_AT(R0) q_at(b, min((R0) + r, rows - 1u) / G, kv * G + min((R0) + r, rows - 1u) % G, d0)
-    LOAD_CHUNKS(NCH, wk, Q, 0, q0 + r < rows, Q_AT(q0))
-    LOAD_CHUNKS(NCH, wv, Q, 0, q0 + BC + r < rows, Q_AT(q0 + BC))
-    if (pass > 0u) barrier();
-    STORE_CHUNKS(NCH, wk, 0, kv_s, 0u, q0 + r < rows)
-    STORE_CHUNKS(NCH, wv, 0, kv_s, BC * DS, q0 + BC + r < rows)
-    barrier();
+    STAGE_Q_PASS(pass)
     if (grp / (2u * BC / 16u) == pass)
       [[unroll]] for (uint f = 0; f < FP; ++f)
         coopMatLoadNV(qa[f], kv_s, (grp % (2u * BC / 16u)) * 16u * DS + (part * FP + f) * 2u, DS, false);
