@@ -1,13 +1,15 @@
 # Compiles the GLSL compute kernels to SPIR-V at build time and embeds them in the binary.
-# kernels/variants.txt lists one SPIR-V module per line:   <name> <file.comp> [-DDEFINE=VALUE ...]
-# (blank lines and lines starting with # are ignored). Shared code lives in kernels/*.glsl includes.
+# kernels/variants.txt lists one SPIR-V module per line:   <name> <family/file.comp> [-DDEFINE=VALUE ...]
+# (blank lines and lines starting with # are ignored; paths relative to kernels/). Kernels live in one folder per
+# family (attention/, matmul/, ...); shared code lives in .glsl includes, which name their path relative to kernels/
+# as well (#include "common/common.glsl"). Every module depends on every include, so the glob must see them all.
 # The generated lmtune_kernels.cpp provides lmtune::vk::embedded_spirv(name).
 set(LMTUNE_KERNEL_DIR ${CMAKE_SOURCE_DIR}/kernels)
 set(LMTUNE_SPV_DIR ${CMAKE_BINARY_DIR}/spv)
 file(MAKE_DIRECTORY ${LMTUNE_SPV_DIR})
 set_property(DIRECTORY APPEND PROPERTY CMAKE_CONFIGURE_DEPENDS ${LMTUNE_KERNEL_DIR}/variants.txt)
 
-file(GLOB LMTUNE_GLSL_INCLUDES CONFIGURE_DEPENDS ${LMTUNE_KERNEL_DIR}/*.glsl)
+file(GLOB_RECURSE LMTUNE_GLSL_INCLUDES CONFIGURE_DEPENDS ${LMTUNE_KERNEL_DIR}/*.glsl)
 file(STRINGS ${LMTUNE_KERNEL_DIR}/variants.txt _variant_lines)
 set(LMTUNE_SPV_FILES "")
 set(LMTUNE_SPV_NAMES "")

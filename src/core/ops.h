@@ -1,6 +1,6 @@
 // The op library: every differentiable operation on tensors. Each family lives in core/ops/<family>.cpp
 // (shape checks, primitive, vjp, jvp), with kernels in backend/cpu/<family>.cpp and
-// backend/vulkan/<family>.cpp + kernels/<op>.comp. Inputs must share one device; float ops compute in f32
+// backend/vulkan/<family>.cpp + kernels/<family>/<op>.comp. Inputs must share one device; float ops compute in f32
 // (f16/bf16 inputs are widened) and write their inputs' dtype unless stated otherwise.
 // Axes may be negative. Shape/dtype errors throw ShapeError naming the op and the shapes.
 #pragma once

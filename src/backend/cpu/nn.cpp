@@ -19,7 +19,7 @@ std::vector<float> load_vector(const Tensor& v) {
   return out;
 }
 
-// Dropout's counter-based hash: kernels/dropout.comp computes the same bits.
+// Dropout's counter-based hash: kernels/elementwise/dropout.comp computes the same bits.
 uint32_t mix32(uint32_t h) {
   h ^= h >> 16;
   h *= 0x7feb352du;

@@ -1,5 +1,5 @@
 // Vulkan kernels for the elementwise primitives (unary, binary, where, the fused gated activation) and the strided
-// elementwise launcher that copy.cpp shares. Kernels: kernels/elementwise.comp, kernels/gated_activation.comp.
+// elementwise launcher that copy.cpp shares. Kernels: kernels/elementwise/elementwise.comp, kernels/elementwise/gated_activation.comp.
 #include <algorithm>
 #include <cstdlib>
 
@@ -101,7 +101,7 @@ void Where::eval_vulkan(const std::vector<Tensor>& in, std::vector<Tensor>& out)
 
 namespace {
 
-// Push constants of kernels/gated_activation.comp.
+// Push constants of kernels/elementwise/gated_activation.comp.
 struct GatedActivationPush {
   uint32_t n;
   uint32_t offsets[5];

@@ -1,7 +1,7 @@
-// Vulkan kernels of the fused attention (core/ops/flash_attention.h): kernels/flash_attention_fwd.comp, the
+// Vulkan kernels of the fused attention (core/ops/flash_attention.h): kernels/attention/flash_attention_fwd.comp, the
 // backward's delta pre-pass (flash_attention_bwd_delta.comp), dQ (flash_attention_bwd_dq.comp) and dK/dV
 // (flash_attention_bwd_dkdv.comp), and the merge of a split forward pass (flash_attention_combine.comp); shared
-// code in kernels/flash_attention.glsl. Each attention kernel is built
+// code in kernels/attention/flash_attention.glsl. Each attention kernel is built
 // per head-dim class (D <= 64, 128, 256) with block sizes that keep its shared memory under 32 KiB. Tensor-core
 // twins of the forward, dQ and dK/dV kernels (*_rs.comp for every class, *_cm.comp for D <= 64) run where
 // flash_attention.h's choice says.
@@ -22,7 +22,7 @@
 namespace lmtune::vk {
 namespace {
 
-// Mirrors the push block of kernels/flash_attention.glsl.
+// Mirrors the push block of kernels/attention/flash_attention.glsl.
 struct FlashPush {
   uint32_t T, S, H, KV, D, flags;
   int32_t window, q_offset;

@@ -1,7 +1,8 @@
-// Vulkan fused attention: which kernels run (tests force them through Context::kernel_choice()). The kernels are kernels/flash_attention_*.comp: portable f32 ones on every device, and tensor-core ones (f16
-// products through VK_NV_cooperative_matrix, f32 softmax and accumulation): *_rs.comp keep the scores in
-// registers where the device's fragment layout is NVIDIA's mma.sync one (checked on the device; every head dim up
-// to 256), *_cm.comp pass them through shared memory elsewhere (head dims up to 64). The ops themselves are
+// Vulkan fused attention: which kernels run (tests force them through Context::kernel_choice()). The kernels are
+// kernels/attention/flash_attention_*.comp: portable f32 ones on every device, and tensor-core ones (f16 products
+// through VK_NV_cooperative_matrix, f32 softmax and accumulation): *_rs.comp keep the scores in registers where the
+// device's fragment layout is NVIDIA's mma.sync one (checked on the device; every head dim up to 256), *_cm.comp
+// pass them through shared memory elsewhere (head dims up to 64). The ops themselves are
 // FlashAttention(Backward)::eval_vulkan in flash_attention.cpp.
 #pragma once
 #include <string>

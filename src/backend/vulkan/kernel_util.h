@@ -23,7 +23,7 @@ struct Rows {
 // Rows over `shape` for up to two stride vectors; false if they need more than 3 dims.
 bool make_rows(Shape shape, std::vector<Strides> strides, Rows& rows);
 
-// Push constants of kernels/elementwise.comp.
+// Push constants of kernels/elementwise/elementwise.comp.
 struct ElementwisePush {
   uint32_t n;
   uint32_t shape[4];

@@ -16,7 +16,7 @@ namespace lmtune {
 namespace vk {
 namespace {
 
-// Mirrors MatmulParams in kernels/matmul_common.glsl.
+// Mirrors MatmulParams in kernels/matmul/matmul_common.glsl.
 struct MatmulParams {
   uint32_t M, N, K;
   uint32_t a_off, a_rs, a_cs, a_bs0, a_bs1;
@@ -122,7 +122,6 @@ void record_tiled(Context& ctx, const MatmulPlan& plan, const Tensor& a, const T
   const bool cm = plan.route != MatmulRoute::scalar;
   std::vector<uint32_t> spec = plan.spec;
   if (cm) spec = {dtype_code(a.dtype()), dtype_code(b.dtype()), dtype_code(dst.dtype())};
-  if (plan.route == MatmulRoute::coopmat) spec.push_back(0);  // FAST: off, some tile is on an edge
   const uint64_t d0_chunk = std::max<uint64_t>(1, kMaxGroupsZ / (uint64_t(d1.size) * plan.nsplit));
   uint64_t n_outer = 1;
   for (const auto& d : plan.outer) n_outer *= uint64_t(d.size);

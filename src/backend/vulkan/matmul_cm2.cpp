@@ -1,4 +1,4 @@
-// The cooperative-matrix-2 product (see matmul_cm2.h): whether the operands suit kernels/matmul_cm2.comp, and its
+// The cooperative-matrix-2 product (see matmul_cm2.h): whether the operands suit kernels/matmul/matmul_cm2.comp, and its
 // dispatch. Its builds need glslang 15 (cmake/kernels.cmake); a binary built without them says so once and
 // keeps to the other kernels.
 #include "backend/vulkan/matmul_cm2.h"
@@ -13,7 +13,7 @@
 namespace lmtune::vk {
 namespace {
 
-// Mirrors Cm2Params in kernels/matmul_cm2.comp.
+// Mirrors Cm2Params in kernels/matmul/matmul_cm2.comp.
 struct Cm2Params {
   uint32_t M, N, K;
   uint32_t a_off, a_rs, b_off, b_rs, c_off, c_rs;

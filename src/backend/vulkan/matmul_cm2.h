@@ -1,4 +1,4 @@
-// Products on workgroup-scope cooperative matrices (kernels/matmul_cm2.comp, VK_NV_cooperative_matrix2): the
+// Products on workgroup-scope cooperative matrices (kernels/matmul/matmul_cm2.comp, VK_NV_cooperative_matrix2): the
 // large products of training (a layer's weights against a batch of tokens) in real f16 or bf16.
 #pragma once
 #include "backend/vulkan/context.h"

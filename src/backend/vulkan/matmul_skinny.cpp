@@ -1,4 +1,4 @@
-// Skinny products on tensor cores without shared-memory staging (kernels/matmul_skinny.comp): C [M, N] = A [M, K]
+// Skinny products on tensor cores without shared-memory staging (kernels/matmul/matmul_skinny.comp): C [M, N] = A [M, K]
 // B [K, N] with N <= 32 and A 16-bit with 16-byte rows, LoRA's rank side (x Aᵀ, g (s B)). The general tiles run
 // these at about half the memory bandwidth (barriers and staging for data that is used once).
 #include "backend/vulkan/matmul_skinny.h"
@@ -12,7 +12,7 @@
 namespace lmtune::vk {
 namespace {
 
-// Mirrors SkinnyParams in kernels/matmul_skinny.comp.
+// Mirrors SkinnyParams in kernels/matmul/matmul_skinny.comp.
 struct SkinnyParams {
   uint32_t M, N, K;
   uint32_t a_off, a_rs;

@@ -1,5 +1,5 @@
 // Skinny products C [M, N <= 32] = A [M, K] B on tensor cores, A streamed straight into fragments (see
-// matmul_skinny.cpp and kernels/matmul_skinny.comp). Part of record_matmul's kernel choice.
+// matmul_skinny.cpp and kernels/matmul/matmul_skinny.comp). Part of record_matmul's kernel choice.
 #pragma once
 #include "backend/vulkan/context.h"
 #include "core/tensor.h"

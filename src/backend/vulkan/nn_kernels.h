@@ -18,7 +18,7 @@ void cross_entropy_grad_rows(const Tensor& logits, const Tensor& targets, const 
                              const Tensor& dlogits, int ignore_index);
 void rms_norm_rows(const Tensor& x, const Tensor& w, const Tensor& y, const Tensor& rstd, float eps);
 // bias may be undefined.
-// dx of RMSNorm from x, w, rstd [rows] and the cotangent g (kernels/rms_norm_grad.comp).
+// dx of RMSNorm from x, w, rstd [rows] and the cotangent g (kernels/norm/rms_norm_grad.comp).
 void rms_norm_grad_rows(const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& g, const Tensor& dx,
                         bool accumulate);
 void layer_norm_rows(const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& y, const Tensor& mean,

@@ -1,4 +1,4 @@
-// Vulkan kernels for reductions over one axis and top-k: kernels/reduce.comp, kernels/topk.comp.
+// Vulkan kernels for reductions over one axis and top-k: kernels/reduce/reduce.comp, kernels/reduce/topk.comp.
 #include "backend/vulkan/kernel_util.h"
 #include "core/error.h"
 #include "core/ops/reduce.h"

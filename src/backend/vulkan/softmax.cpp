@@ -1,5 +1,5 @@
-// Vulkan kernels for softmax / log-softmax and cross-entropy (forward and gradient): kernels/softmax.comp,
-// kernels/cross_entropy.comp.
+// Vulkan kernels for softmax / log-softmax and cross-entropy (forward and gradient): kernels/reduce/softmax.comp,
+// kernels/loss/cross_entropy.comp.
 #include "backend/vulkan/kernel_util.h"
 #include "backend/vulkan/nn_kernels.h"
 #include "core/error.h"
@@ -54,7 +54,7 @@ void softmax_chunk_rows(const Tensor& z_in, const Tensor& ignored_in, const Tens
                      elem_offset(lse), prev_in.defined(), softcap};
   p.vec = p.n % 4 == 0 && p.x_off % 4 == 0 && p.y_off % 4 == 0;
   if (p.vec && dtype_size(z.dtype()) == 2 && p.n % 8 == 0 && p.x_off % 8 == 0 && p.y_off % 8 == 0)
-    p.vec = 2;  // 16-byte loads (kernels/softmax.comp chunk_wide)
+    p.vec = 2;  // 16-byte loads (kernels/reduce/softmax.comp chunk_wide)
   ctx.dispatch(variant(ctx, "softmax_chunk"), {in(z), out(y), in(ignored), in(prev), out(lse)}, p,
                {std::min<uint32_t>(p.rows, 65535), 1, 1}, {row_group_size(n)});
 }

@@ -1,6 +1,6 @@
 // Fused ("flash") attention: the forward pass and its FlashAttention-2 backward as two primitives that never
 // store a [T, S] score matrix. Kernels: backend/cpu/flash_attention.cpp, backend/vulkan/flash_attention.cpp
-// (kernels/flash_attention_*.comp). The composition in core/ops/attention.cpp is the oracle.
+// (kernels/attention/flash_attention_*.comp). The composition in core/ops/attention.cpp is the oracle.
 #pragma once
 #include "core/ops.h"
 #include "core/primitive.h"

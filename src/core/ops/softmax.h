@@ -46,7 +46,7 @@ class CrossEntropyGrad final : public Primitive {
 // prev f32 [N] (the log-sum-exp of the columns before). Outputs p [N, c] (any float dtype) and lse f32 [N]:
 //   lse = logaddexp(prev, logsumexp(z))   (logsumexp(z) alone without prev)
 //   p   = exp(z - lse) · (1 - (z / softcap)²)   (the soft-cap's slope only when softcap > 0)
-// In one pass over z (Vulkan: kernels/softmax.comp -DCHUNK). Not differentiable.
+// In one pass over z (Vulkan: kernels/reduce/softmax.comp -DCHUNK). Not differentiable.
 class SoftmaxChunk final : public Primitive {
  public:
   SoftmaxChunk(float softcap, bool has_prev) : softcap(softcap), has_prev(has_prev) {}
