@@ -147,7 +147,7 @@ void vector_path() {
 // Wide vector path (the *_wide builds, a pipeline of their own so that its registers do not weigh on the other
 // paths): as vector_path with items of 8 elements (one 16-byte load per 16-bit operand, two per 32-bit one). The
 // host takes it when the tensors are dense, some operand is 16-bit and every offset is a multiple of 8 (H100:
-// bf16 add 2.0 -> 2.8 TB/s). It keeps the raw words in its own registers (LOAD8, lo4 / hi4) rather than going
+// bf16 add 2.8 TB/s instead of 2.0). It keeps the raw words in its own registers (LOAD8, lo4 / hi4) rather than going
 // through common.glsl's name_ld8: written with those helpers, bf16 add ran at 2.56 TB/s.
 uvec4 lo4(uint dt, uvec4 a, uvec4 b) { return is16(dt) ? uvec4(a.x & 0xffffu, a.x >> 16, a.y & 0xffffu, a.y >> 16) : a; }
 uvec4 hi4(uint dt, uvec4 a, uvec4 b) { return is16(dt) ? uvec4(a.z & 0xffffu, a.z >> 16, a.w & 0xffffu, a.w >> 16) : b; }

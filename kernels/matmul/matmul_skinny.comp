@@ -64,7 +64,7 @@ void main() {
   const uint sg = gl_SubgroupID, lane = gl_SubgroupInvocationID, tid = gl_LocalInvocationID.x;
   const uint m0 = gl_WorkGroupID.x * 32u, g = lane / 4u, t = lane % 4u;
   // This subgroup's K steps. INTERLEAVE: steps sg, sg + 8, ... (the workgroup reads 512 contiguous bytes of each
-  // row at a time; H100, 8192x16x8192: 74 -> 60 us, but 8192x32x8192 went from 117 to 220-400 us), else a
+  // row at a time; H100, 8192x16x8192: 60 us instead of 74, but 8192x32x8192 220-400 us instead of 117), else a
   // contiguous eighth of K.
 #if INTERLEAVE
   const uint steps = p.K / 32u, s0 = sg, s1 = steps, ds = NSG;
