@@ -3,6 +3,7 @@
 
 #include <yaml-cpp/yaml.h>
 
+#include <cmath>
 #include <fstream>
 #include <functional>
 #include <map>
@@ -18,6 +19,12 @@ std::string to_string(Finetune f) { return f == Finetune::lora ? "lora" : "full"
 std::string to_string(OptimizerName o) { return o == OptimizerName::adamw ? "adamw" : "sgd"; }
 
 namespace {
+
+std::string number(double v) {
+  std::ostringstream s;
+  s << v;
+  return s.str();
+}
 
 std::string where(const std::string& file, const YAML::Node& n) {
   if (n.Mark().is_null()) return file;
@@ -35,11 +42,24 @@ YAML::Node overlay(const YAML::Node& base, const YAML::Node& top) {
   return out;
 }
 
+// YAML leaves a key written twice to the parser; a recipe that sets one key twice is a mistake.
+void reject_duplicate_keys(const YAML::Node& node, const std::string& name, const std::string& prefix) {
+  if (!node.IsMap()) return;
+  std::set<std::string> seen;
+  for (const auto& kv : node) {
+    const std::string key = kv.first.IsScalar() ? kv.first.as<std::string>() : "?";
+    const std::string path = prefix.empty() ? key : prefix + "." + key;
+    if (!seen.insert(key).second) throw ConfigError(where(name, kv.first) + ": key '" + path + "' is set twice");
+    reject_duplicate_keys(kv.second, name, path);
+  }
+}
+
 YAML::Node load_yaml(const std::string& text, const std::string& name) {
   try {
     YAML::Node n = YAML::Load(text);
     if (n.IsNull()) return YAML::Node(YAML::NodeType::Map);
     if (!n.IsMap()) throw ConfigError(name + ": a recipe must be a YAML mapping of keys to values");
+    reject_duplicate_keys(n, name, "");
     return n;
   } catch (const YAML::Exception& e) {
     throw ConfigError(name + ":" + std::to_string(e.mark.line + 1) + ": invalid YAML: " + e.msg);
@@ -132,10 +152,17 @@ class Binder {
     throw ConfigError(where(file_, lookup(path)) + ": key '" + path + "': '" + text + "' is not one of " + list);
   }
 
+  // NaN and infinities fail too: a recipe value is a finite number.
   void require_positive(const std::string& path, double v, bool allow_zero = false) {
-    if (v < 0 || (!allow_zero && v == 0))
+    if (!std::isfinite(v) || v < 0 || (!allow_zero && v == 0))
       throw ConfigError(where(file_, lookup(path)) + ": key '" + path + "' must be " +
-                        (allow_zero ? "non-negative" : "positive"));
+                        (allow_zero ? "a finite number >= 0" : "a finite number > 0"));
+  }
+  // lo <= v < hi (v <= hi with `closed`).
+  void require_range(const std::string& path, double v, double lo, double hi, bool closed) {
+    if (!std::isfinite(v) || v < lo || v > hi || (!closed && v == hi))
+      throw ConfigError(where(file_, lookup(path)) + ": key '" + path + "' must be in [" + number(lo) + ", " +
+                        number(hi) + (closed ? "]" : ")"));
   }
 
   // Every key in the tree must be known (or under a known key).
@@ -273,10 +300,12 @@ Recipe bind_all(const YAML::Node& root, const std::string& name) {
   b.require_positive("train.max_skipped_steps", r.train.max_skipped_steps);
   b.require_positive("schedule.warmup_steps", r.schedule.warmup_steps, true);
   b.require_positive("eval.every", r.eval.every, true);
+  b.require_positive("eval.batches", r.eval.batches, true);
   b.require_positive("save.every", r.save.every, true);
-  if (r.lora.dropout < 0 || r.lora.dropout >= 1) throw ConfigError(name + ": key 'lora.dropout' must be in [0, 1)");
-  if (r.data.valid_split < 0 || r.data.valid_split >= 1)
-    throw ConfigError(name + ": key 'data.valid_split' must be in [0, 1)");
+  b.require_range("lora.dropout", r.lora.dropout, 0, 1, false);
+  b.require_range("data.valid_split", r.data.valid_split, 0, 1, false);
+  b.require_range("optimizer.momentum", r.optimizer.momentum, 0, 1, false);
+  b.require_range("schedule.min_lr_ratio", r.schedule.min_lr_ratio, 0, 1, true);
   if (r.optimizer.beta1 < 0 || r.optimizer.beta1 >= 1 || r.optimizer.beta2 < 0 || r.optimizer.beta2 >= 1)
     throw ConfigError(name + ": key 'optimizer.betas' must be in [0, 1)");
   if (r.device != "auto" && r.device != "cpu" && r.device != "vulkan" && r.device.rfind("vulkan:", 0) != 0)

@@ -56,11 +56,33 @@ TEST(Recipe, UnknownKeysNameKeyAndLine) {
 TEST(Recipe, WrongTypesAndValues) {
   EXPECT_NE(error_of(kMinimal, {"lora.rank=abc"}).find("key 'lora.rank': expected an integer"), std::string::npos);
   EXPECT_NE(error_of(kMinimal, {"precision=fp8"}).find("'fp8' is not one of fp32, fp16, bf16"), std::string::npos);
-  EXPECT_NE(error_of(kMinimal, {"train.steps=0"}).find("'train.steps' must be positive"), std::string::npos);
+  EXPECT_NE(error_of(kMinimal, {"train.steps=0"}).find("'train.steps' must be a finite number > 0"), std::string::npos);
   EXPECT_NE(error_of(kMinimal, {"lora.dropout=1.5"}).find("lora.dropout"), std::string::npos);
   EXPECT_NE(error_of("data:\n  train: x\n").find("'model' is required"), std::string::npos);
   EXPECT_NE(error_of("model: [unclosed\n").find("invalid YAML"), std::string::npos);
   EXPECT_NE(error_of(kMinimal, {"noequals"}).find("key.sub=value"), std::string::npos);
+}
+
+// Values that used to train (a NaN adapter, a negative learning rate) or be ignored are refused with the key.
+TEST(Recipe, NonFiniteAndOutOfRangeValues) {
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"optimizer.lr=.nan", "'optimizer.lr' must be a finite number > 0"},
+      {"optimizer.lr=.inf", "'optimizer.lr' must be a finite number > 0"},
+      {"lora.alpha=-2", "'lora.alpha' must be a finite number > 0"},
+      {"schedule.min_lr_ratio=-1", "'schedule.min_lr_ratio' must be in [0, 1]"},
+      {"optimizer.momentum=-1", "'optimizer.momentum' must be in [0, 1)"},
+      {"eval.batches=-1", "'eval.batches' must be a finite number >= 0"},
+      {"train.grad_clip=.nan", "'train.grad_clip' must be a finite number >= 0"},
+      {"lora.dropout=.nan", "'lora.dropout' must be in [0, 1)"},
+  };
+  for (const auto& [item, want] : cases) {
+    const std::string e = error_of(kMinimal, {item});
+    EXPECT_NE(e.find(want), std::string::npos) << item << ": " << e;
+  }
+  EXPECT_EQ(error_of(kMinimal, {"schedule.min_lr_ratio=1", "optimizer.momentum=0.9"}), "");
+  const std::string e = error_of(std::string(kMinimal) + "lora:\n  rank: 8\n  rank: 16\n");
+  EXPECT_NE(e.find("r.yaml:6"), std::string::npos) << e;
+  EXPECT_NE(e.find("key 'lora.rank' is set twice"), std::string::npos) << e;
 }
 
 TEST(Recipe, BaseFilesLayer) {
