@@ -11,6 +11,11 @@
 namespace lmtune::jinja {
 namespace {
 
+// A chat template is code from the internet: rendering it is bounded in recursion, work and memory.
+constexpr int kMaxMacroDepth = 100;             // nested macro calls
+constexpr int64_t kMaxLoopIterations = 1000000;  // for-loop iterations in one render, all loops together
+constexpr size_t kMaxStringBytes = 64u << 20;    // any string a template builds, the output included
+
 using Kind = Value::Kind;
 
 enum class Flow { Normal, Break, Continue };
@@ -106,6 +111,15 @@ class Interpreter {
     throw ConfigError(describe_position(source_, name_, node.pos) + ": " + msg);
   }
 
+  void append(const Node& node, std::string& out, const std::string& s) const {
+    if (out.size() + s.size() > kMaxStringBytes) fail(node, "the rendered text passes 64 MiB");
+    out += s;
+  }
+  Value checked(const Node& node, std::string s) const {
+    if (s.size() > kMaxStringBytes) fail(node, "a string passes 64 MiB");
+    return Value(std::move(s));
+  }
+
   Value lookup(const std::string& name) const {
     for (auto it = scopes.rbegin(); it != scopes.rend(); ++it) {
       auto found = it->find(name);
@@ -123,8 +137,8 @@ class Interpreter {
           if (f != Flow::Normal) return f;
         }
         return Flow::Normal;
-      case NodeKind::Text: out += node.name; return Flow::Normal;
-      case NodeKind::Output: out += eval(*node.children[0]).str(); return Flow::Normal;
+      case NodeKind::Text: append(node, out, node.name); return Flow::Normal;
+      case NodeKind::Output: append(node, out, eval(*node.children[0]).str()); return Flow::Normal;
       case NodeKind::If: {
         size_t k = 0;
         for (; k + 1 < node.children.size(); k += 2)
@@ -208,6 +222,7 @@ class Interpreter {
     }
     const auto n = static_cast<int64_t>(items.size());
     for (int64_t k = 0; k < n; ++k) {
+      if (++iterations_ > kMaxLoopIterations) fail(node, "loops ran more than 1,000,000 iterations");
       scopes.emplace_back();
       assign(node, node.targets, items[k]);
       Value loop = Value::new_object();
@@ -231,6 +246,12 @@ class Interpreter {
   }
 
   Value call_macro(const Node& macro, Args& args) {
+    if (macro_depth_ >= kMaxMacroDepth) fail(macro, "macros nest deeper than 100 calls");
+    struct Depth {
+      int& d;
+      explicit Depth(int& d) : d(++d) {}
+      ~Depth() { --d; }
+    } depth(macro_depth_);
     // Macros see the globals and top-level variables (the two bottom scopes) and their parameters, not the
     // caller's loop locals.
     std::vector<std::map<std::string, Value>> saved;
@@ -391,7 +412,7 @@ class Interpreter {
       return l.truthy() ? l : eval(*node.children[1]);
     }
     Value l = eval(*node.children[0]), r = eval(*node.children[1]);
-    if (op == "~") return Value(l.str() + r.str());
+    if (op == "~") return checked(node, l.str() + r.str());
     if (op == "==") return Value(equal(l, r));
     if (op == "!=") return Value(!equal(l, r));
     if (op == "in" || op == "not in") {
@@ -410,7 +431,7 @@ class Interpreter {
       return Value(op == "<" ? c < 0 : op == ">" ? c > 0 : op == "<=" ? c <= 0 : c >= 0);
     }
     if (op == "+") {
-      if (l.is_string() && r.is_string()) return Value(l.s + r.s);
+      if (l.is_string() && r.is_string()) return checked(node, l.s + r.s);
       if (l.is_array() && r.is_array()) {
         Array a = *l.array;
         a.insert(a.end(), r.array->begin(), r.array->end());
@@ -418,6 +439,7 @@ class Interpreter {
       }
     }
     if (op == "*" && l.is_string() && r.kind == Kind::Int) {
+      if (r.i > 0 && l.s.size() > kMaxStringBytes / size_t(r.i)) fail(node, "a string passes 64 MiB");
       std::string s;
       for (int64_t k = 0; k < r.i; ++k) s += l.s;
       return Value(s);
@@ -462,6 +484,8 @@ class Interpreter {
  private:
   const std::string& source_;
   const std::string& name_;
+  int macro_depth_ = 0;
+  int64_t iterations_ = 0;
 };
 
 Value method(std::function<Value(Args&)> fn) { return Value(Function(std::move(fn))); }
@@ -736,6 +760,9 @@ std::string Template::render(const nlohmann::json& variables, const std::map<std
     else if (a.positional.size() >= 2) start = a.positional[0].i, stop = a.positional[1].i, step = a.positional.size() > 2 ? a.positional[2].i : 1;
     else throw ConfigError("chat template: range() needs arguments");
     if (step == 0) throw ConfigError("chat template: range() step must not be zero");
+    const double length = (double(stop) - double(start)) / double(step);
+    if (length > double(kMaxLoopIterations))
+      throw ConfigError("chat template: range() of more than 1,000,000 numbers");
     Array out;
     for (int64_t k = start; step > 0 ? k < stop : k > stop; k += step) out.emplace_back(k);
     return Value(std::move(out));

@@ -215,6 +215,11 @@ class Parser {
       : src_(src), name_(name), pieces_(std::move(pieces)) {}
 
   std::unique_ptr<Node> run() {
+    // Bounds on what a template (code from the internet) can make the parser and the renderer recurse through:
+    // an operator chain is as deep as it is long, so each {{ }} / {% %} is limited in tokens, and brackets,
+    // unary operators and blocks in nesting.
+    for (const Piece& p : pieces_)
+      if (p.tokens.size() > kMaxTokens) fail(p.pos, "more than 4,000 tokens in one {{ }} or {% %}");
     auto body = parse_body({});
     if (index_ < pieces_.size()) fail(pieces_[index_].pos, "unexpected '" + pieces_[index_].tokens[0].text + "'");
     return body;
@@ -225,6 +230,7 @@ class Parser {
 
   // Parses statements until a {% tag %} whose keyword is in `stops` (left unconsumed) or the end.
   Ptr parse_body(const std::vector<std::string>& stops) {
+    Nest nest(*this, index_ < pieces_.size() ? pieces_[index_].pos : 0);
     auto body = std::make_unique<Node>(NodeKind::Body, index_ < pieces_.size() ? pieces_[index_].pos : 0);
     while (index_ < pieces_.size()) {
       Piece& p = pieces_[index_];
@@ -365,6 +371,7 @@ class Parser {
 
   // ---- expressions ----
   Ptr expression(bool allow_ternary = true) {
+    Nest nest(*this, peek().pos);
     Ptr value = or_expr();
     if (allow_ternary && accept("if")) {
       auto node = std::make_unique<Node>(NodeKind::Ternary, value->pos);
@@ -397,6 +404,7 @@ class Parser {
       size_t pos = next().pos;
       auto node = std::make_unique<Node>(NodeKind::Unary, pos);
       node->name = "not";
+      Nest nest(*this, pos);
       node->children.push_back(not_expr());
       return node;
     }
@@ -454,6 +462,7 @@ class Parser {
       const Token& t = next();
       auto node = std::make_unique<Node>(NodeKind::Unary, t.pos);
       node->name = t.text;
+      Nest nest(*this, t.pos);
       node->children.push_back(unary());
       return filters(std::move(node));
     }
@@ -632,9 +641,21 @@ class Parser {
     throw ConfigError(describe_position(src_, name_, pos) + ": syntax error: " + msg);
   }
 
+  static constexpr size_t kMaxTokens = 4000;
+  static constexpr int kMaxNesting = 100;
+  // One level of brackets, unary operator or block; more than kMaxNesting is a syntax error.
+  struct Nest {
+    Parser& p;
+    Nest(Parser& p, size_t pos) : p(p) {
+      if (++p.nesting_ > kMaxNesting) p.fail(pos, "nested deeper than 100 levels");
+    }
+    ~Nest() { --p.nesting_; }
+  };
+
   const std::string& src_;
   const std::string& name_;
   std::vector<Piece> pieces_;
+  int nesting_ = 0;
   size_t index_ = 0;
   const std::vector<Token>* tokens_ = nullptr;
   size_t at_ = 0;

@@ -107,5 +107,47 @@ TEST(Jinja, SyntaxErrorsNamePosition) {
   EXPECT_THROW(render("{{ x | nosuchfilter }}"), ConfigError);
 }
 
+// What a template (code from the internet) asks for beyond the bounds is a clear error, not a crash, a hang or
+// unbounded memory: nesting, recursion, loop work and string size.
+std::string error_of(const std::string& source) {
+  try {
+    render(source);
+  } catch (const ConfigError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(Jinja, HostileTemplatesHitLimits) {
+  auto repeat = [](const std::string& s, int n) {
+    std::string r;
+    for (int k = 0; k < n; ++k) r += s;
+    return r;
+  };
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"{{ " + repeat("(", 1000) + "1" + repeat(")", 1000) + " }}", "nested deeper than 100 levels"},
+      {"{{ " + repeat("-", 1000) + "1 }}", "nested deeper than 100 levels"},
+      {"{{ " + repeat("not ", 1000) + "x }}", "nested deeper than 100 levels"},
+      {"{{ " + repeat("[", 10000) + repeat("]", 10000) + " }}", "more than 4,000 tokens"},
+      {repeat("{% if true %}", 500) + repeat("{% endif %}", 500), "nested deeper than 100 levels"},
+      {"{{ 1" + repeat(" + 1", 5000) + " }}", "more than 4,000 tokens"},
+      {"{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}", "macros nest deeper than 100 calls"},
+      {"{{ 'x' * 10**12 }}", "a string passes 64 MiB"},
+      {"{% set ns = namespace(s='x') %}{% for i in range(40) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}",
+       "a string passes 64 MiB"},
+      {"{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}",
+       "loops ran more than 1,000,000 iterations"},
+      {"{{ range(10**9) | length }}", "range() of more than 1,000,000 numbers"},
+  };
+  for (const auto& [source, want] : cases) {
+    const std::string e = error_of(source);
+    EXPECT_NE(e.find(want), std::string::npos) << source.substr(0, 60) << ": " << e;
+  }
+  // Deep but reasonable templates still render.
+  EXPECT_EQ(render("{{ " + repeat("(", 50) + "1" + repeat(")", 50) + " }}"), "1");
+  EXPECT_EQ(render("{% macro f(n) %}{% if n > 0 %}{{ f(n - 1) }}{% endif %}{{ n }}{% endmacro %}{{ f(50) }}").size(),
+            size_t(92));
+}
+
 }  // namespace
 }  // namespace lmtune::jinja
