@@ -91,9 +91,11 @@ class Scope {
     }
     fail(key, "expected an integer, got " + v->dump());
   }
-  int64_t positive_int(const char* key, int64_t fallback) const {
+  // A config is untrusted input: sizes beyond any real model (`max`) are refused before anything is allocated.
+  int64_t positive_int(const char* key, int64_t fallback, int64_t max) const {
     int64_t v = opt_int(key).value_or(fallback);
     if (v <= 0) fail(key, "must be positive, got " + std::to_string(v));
+    if (v > max) fail(key, std::to_string(v) + " is beyond the largest supported value " + std::to_string(max));
     return v;
   }
   std::optional<double> opt_num(const char* key) const {
@@ -276,18 +278,19 @@ ModelConfig parse_model_config(std::string_view json_text, const std::string& wh
   c.torch_dtype = s.opt_str("torch_dtype").value_or(top.opt_str("torch_dtype").value_or(
       s.opt_str("dtype").value_or(top.opt_str("dtype").value_or(""))));
 
-  c.vocab_size = s.positive_int("vocab_size", d.vocab_size);
-  c.hidden_size = s.positive_int("hidden_size", d.hidden_size);
-  c.intermediate_size = s.positive_int("intermediate_size", d.intermediate_size);
-  c.num_hidden_layers = s.positive_int("num_hidden_layers", d.num_hidden_layers);
-  c.num_attention_heads = s.positive_int("num_attention_heads", d.num_attention_heads);
+  c.vocab_size = s.positive_int("vocab_size", d.vocab_size, int64_t(1) << 24);
+  c.hidden_size = s.positive_int("hidden_size", d.hidden_size, int64_t(1) << 16);
+  c.intermediate_size = s.positive_int("intermediate_size", d.intermediate_size, int64_t(1) << 20);
+  c.num_hidden_layers = s.positive_int("num_hidden_layers", d.num_hidden_layers, 1024);
+  c.num_attention_heads = s.positive_int("num_attention_heads", d.num_attention_heads, 1024);
   c.num_key_value_heads =
-      s.positive_int("num_key_value_heads", d.num_key_value_heads ? d.num_key_value_heads : c.num_attention_heads);
+      s.positive_int("num_key_value_heads", d.num_key_value_heads ? d.num_key_value_heads : c.num_attention_heads,
+                     1024);
   if (c.num_attention_heads % c.num_key_value_heads != 0)
     s.fail("num_key_value_heads", std::to_string(c.num_key_value_heads) + " does not divide num_attention_heads " +
                                       std::to_string(c.num_attention_heads));
   if (s.has("head_dim") || d.head_dim) {
-    c.head_dim = s.positive_int("head_dim", d.head_dim);
+    c.head_dim = s.positive_int("head_dim", d.head_dim, 1024);
   } else {
     if (c.hidden_size % c.num_attention_heads != 0)
       s.fail("num_attention_heads", "hidden_size " + std::to_string(c.hidden_size) + " is not divisible by " +
@@ -299,7 +302,7 @@ ModelConfig parse_model_config(std::string_view json_text, const std::string& wh
   if (!(partial > 0 && partial <= 1) || c.rotary_dim <= 0 || c.rotary_dim % 2 != 0)
     s.fail("partial_rotary_factor", "gives rotary dimension " + std::to_string(c.rotary_dim) +
                                         "; it must be positive, even and at most head_dim");
-  c.max_position_embeddings = s.positive_int("max_position_embeddings", d.max_position_embeddings);
+  c.max_position_embeddings = s.positive_int("max_position_embeddings", d.max_position_embeddings, int64_t(1) << 26);
   c.rms_norm_eps = s.opt_num("rms_norm_eps").value_or(d.rms_norm_eps);
   if (!(c.rms_norm_eps >= 0)) s.fail("rms_norm_eps", "must be non-negative");
 
@@ -343,7 +346,7 @@ ModelConfig parse_model_config(std::string_view json_text, const std::string& wh
     if (!c.use_sliding_window) c.sliding_window.reset();  // transformers ignores the window unless enabled
   }
   if (d.window_rule == WindowRule::gemma3_pattern) {
-    c.sliding_window_pattern = s.positive_int("sliding_window_pattern", 6);
+    c.sliding_window_pattern = s.positive_int("sliding_window_pattern", 6, 1024);
   }
   const int64_t n_layers = c.num_hidden_layers;
   if (const json* lt = s.get("layer_types")) {

@@ -398,6 +398,12 @@ TEST(HfConfig, ErrorsNameTheKey) {
   EXPECT_NE(msg.find("key 'hidden_act': unsupported activation 'relu2'"), std::string::npos) << msg;
   msg = config_error(with(kLlama2_7B, "\"num_hidden_layers\": 32", "\"num_hidden_layers\": -1"));
   EXPECT_NE(msg.find("key 'num_hidden_layers': must be positive"), std::string::npos) << msg;
+  // Sizes no real model has are refused before anything is allocated for them.
+  msg = config_error(with(kLlama2_7B, "\"num_hidden_layers\": 32", "\"num_hidden_layers\": 1e9"));
+  EXPECT_NE(msg.find("key 'num_hidden_layers': 1000000000 is beyond the largest supported value 1024"),
+            std::string::npos) << msg;
+  msg = config_error(with(kLlama2_7B, "\"hidden_size\": 4096", "\"hidden_size\": 1e12"));
+  EXPECT_NE(msg.find("key 'hidden_size': 1000000000000 is beyond"), std::string::npos) << msg;
   msg = config_error(with(kGemma3_4B, "\"sliding_window\": 1024", "\"sliding_window\": \"x\""));
   EXPECT_NE(msg.find("key 'text_config.sliding_window': expected an integer"), std::string::npos) << msg;
   msg = config_error(with(kGemma2_2B, "\"num_hidden_layers\": 26", "\"num_hidden_layers\": 26, \"layer_types\": [\"full_attention\"]"));
