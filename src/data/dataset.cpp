@@ -109,8 +109,11 @@ Sample tokenize_record(const std::string& line, const Tokenizer& tok, std::strin
 namespace {
 
 Sample tokenize_chat(const json& obj, const Tokenizer& tok, const ChatTemplate* chat, const std::string& where) {
-  const json& messages = obj["messages"];
-  if (!messages.is_array() || messages.empty()) throw FileError(where + ": \"messages\" must be a non-empty array");
+  // const operator[] on a missing key is undefined behaviour in nlohmann::json: look the key up.
+  const auto found = obj.find("messages");
+  if (found == obj.end() || !found->is_array() || found->empty())
+    throw FileError(where + ": \"messages\" must be a non-empty array");
+  const json& messages = *found;
   for (size_t i = 0; i < messages.size(); ++i) {
     const json& m = messages[i];
     if (!m.is_object() || !m.contains("role") || !m["role"].is_string() || !m.contains("content") ||

@@ -230,4 +230,10 @@ TEST(Dataset, ChatFormatTrainsOnAssistantTurnsOnly) {
   EXPECT_NE(trained.find("<|im_end|>"), std::string::npos) << "the end-of-turn token teaches the model to stop";
   auto bad = d.write("b.jsonl", R"({"messages": [{"role": "user"}]})" "\n");
   EXPECT_NE(error_of(bad).find("b.jsonl:1"), std::string::npos);
+  // A chat-format record without "messages" (the format named explicitly) is an error, not a read past the object.
+  DataOptions chat;
+  chat.format = "chat";
+  const std::string e = error_of(d.write("m.jsonl", R"({"text": "no messages here"})" "\n"), chat);
+  EXPECT_NE(e.find("m.jsonl:1"), std::string::npos) << e;
+  EXPECT_NE(e.find("\"messages\" must be a non-empty array"), std::string::npos) << e;
 }
