@@ -53,11 +53,19 @@ PeftAdapter load_peft_adapter(const std::filesystem::path& dir) {
   PeftAdapter a;
   if (cfg.value("peft_type", "LORA") != "LORA")
     throw FileError(where + ": peft_type '" + cfg.value("peft_type", "") + "' is not supported (only LORA)");
-  if (!get("r").is_number_integer() || get("r").get<int>() <= 0) throw FileError(where + ": key 'r' must be a positive integer");
+  // An adapter is untrusted input: a scale of 0, a negative or an absurd one, or NaN weights would be applied
+  // silently by generate, eval and export.
+  if (!get("r").is_number_integer() || get("r").get<int64_t>() <= 0 || get("r").get<int64_t>() > 65536)
+    throw FileError(where + ": key 'r' must be an integer in [1, 65536]");
   a.rank = get("r").get<int>();
   if (!get("lora_alpha").is_number()) throw FileError(where + ": key 'lora_alpha' must be a number");
   a.alpha = get("lora_alpha").get<double>();
+  if (!(a.alpha > 0 && a.alpha <= 1e5))
+    throw FileError(where + ": key 'lora_alpha' must be in (0, 100000], got " + get("lora_alpha").dump());
+  if (cfg.contains("lora_dropout") && !cfg["lora_dropout"].is_number())
+    throw FileError(where + ": key 'lora_dropout' must be a number");
   a.dropout = cfg.value("lora_dropout", 0.0);
+  if (!(a.dropout >= 0 && a.dropout < 1)) throw FileError(where + ": key 'lora_dropout' must be in [0, 1)");
   a.rslora = cfg.value("use_rslora", false);
   a.base_model = cfg.contains("base_model_name_or_path") && cfg["base_model_name_or_path"].is_string()
                      ? cfg["base_model_name_or_path"].get<std::string>()
@@ -87,7 +95,12 @@ PeftAdapter load_peft_adapter(const std::filesystem::path& dir) {
     if (r != a.rank)
       throw FileError(weights_file.string() + ": tensor '" + t.name + "' has rank " + std::to_string(r) +
                       " but adapter_config.json says r = " + std::to_string(a.rank));
-    (which == 'A' ? w.a : w.b) = t.to_f32();
+    std::vector<float>& values = which == 'A' ? w.a : w.b;
+    values = t.to_f32();
+    for (size_t i = 0; i < values.size(); ++i)
+      if (!std::isfinite(values[i]))
+        throw FileError(weights_file.string() + ": tensor '" + t.name + "' holds a non-finite value (" +
+                        std::to_string(values[i]) + " at element " + std::to_string(i) + ")");
     (which == 'A' ? w.a_shape : w.b_shape) = t.shape;
   }
   for (const auto& [module, w] : a.modules)

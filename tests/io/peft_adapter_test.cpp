@@ -79,3 +79,32 @@ TEST(PeftAdapter, InconsistentAdaptersAreRejected) {
   EXPECT_THROW(load_peft_adapter(dir / "nope"), FileError);
   fs::remove_all(dir);
 }
+
+// Scales and weights that generate, eval and export would otherwise apply silently.
+TEST(PeftAdapter, AbsurdScalesAndNonFiniteWeightsAreRejected) {
+  auto dir = temp_dir("absurd");
+  PeftAdapter a = sample_adapter();
+  save_peft_adapter(a, dir);
+  auto error_with = [&](const std::string& config) {
+    std::ofstream(dir / "adapter_config.json") << config;
+    try {
+      load_peft_adapter(dir);
+    } catch (const FileError& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  for (const char* alpha : {"0", "-8", "1e308"})
+    EXPECT_NE(error_with(std::string(R"({"peft_type": "LORA", "r": 2, "lora_alpha": )") + alpha + "}")
+                  .find("key 'lora_alpha' must be in (0, 100000]"),
+              std::string::npos)
+        << alpha;
+  EXPECT_NE(error_with(R"({"peft_type": "LORA", "r": 2, "lora_alpha": 8, "lora_dropout": 1.5})").find("lora_dropout"),
+            std::string::npos);
+  EXPECT_EQ(error_with(R"({"peft_type": "LORA", "r": 2, "lora_alpha": 8})"), "");
+  a.modules.begin()->second.b[3] = std::nanf("");
+  save_peft_adapter(a, dir);
+  const std::string e = error_with(R"({"peft_type": "LORA", "r": 2, "lora_alpha": 8})");
+  EXPECT_NE(e.find("lora_B.weight' holds a non-finite value"), std::string::npos) << e;
+  fs::remove_all(dir);
+}
