@@ -29,6 +29,17 @@ fs::path parent_dir(const fs::path& path) {
 
 void fsync_dir_of(const fs::path& path) { fsync_path(parent_dir(path)); }
 
+// Temporary files of earlier writes of `path` that a killed process left behind (".<name>.tmp.*"): once a new
+// version is in place they hold nothing anyone can use. Best effort: a failure to remove one is not an error.
+void remove_stale_temps(const fs::path& path) {
+  const std::string prefix = "." + path.filename().string() + ".tmp.";
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(parent_dir(path), ec)) {
+    const std::string name = entry.path().filename().string();
+    if (name.rfind(prefix, 0) == 0) fs::remove(entry.path(), ec);
+  }
+}
+
 // Closes a descriptor on scope exit unless released.
 struct FdGuard {
   int fd;
@@ -61,6 +72,7 @@ void atomic_rename(const fs::path& from, const fs::path& to) {
     throw FileError(to.string() + ": cannot rename " + from.string() + " over it: " + std::strerror(err));
   }
   fsync_dir_of(to);
+  remove_stale_temps(to);
 }
 
 AtomicFileWriter::AtomicFileWriter(fs::path path) : path_(std::move(path)) {
@@ -100,6 +112,7 @@ void AtomicFileWriter::commit() {
   if (::rename(temp_path_.c_str(), path_.c_str()) != 0) fail(path_, "cannot rename temporary file over it", errno);
   committed_ = true;
   fsync_dir_of(path_);
+  remove_stale_temps(path_);
 }
 
 void write_file_atomic(const fs::path& path, std::span<const std::byte> bytes) {

@@ -77,6 +77,26 @@ TEST(AtomicFile, AtomicRenamePublishes) {
   EXPECT_THROW(atomic_rename(dir / "missing", dir / "final.bin"), FileError);
 }
 
+// A process killed mid-write leaves its temporary behind; the next write of the same file removes it (and only
+// temporaries of that file).
+TEST(AtomicFile, NextWriteRemovesStaleTemporaries) {
+  TempDir dir;
+  const auto stale = dir / ".adapter_model.safetensors.tmp.Ab12Cd";
+  const auto stale_renamed = dir / ".adapter_model.safetensors.tmp.4242.0";
+  const auto other = dir / ".other.bin.tmp.Zz99Yy";
+  for (const auto& p : {stale, stale_renamed, other}) write_file_atomic(p, std::string_view("partial"));
+  write_file_atomic(dir / "adapter_model.safetensors", std::string_view("new"));
+  EXPECT_FALSE(std::filesystem::exists(stale));
+  EXPECT_FALSE(std::filesystem::exists(stale_renamed));
+  EXPECT_TRUE(std::filesystem::exists(other));
+  EXPECT_EQ(read_file_text(dir / "adapter_model.safetensors"), "new");
+  write_file_atomic(dir / ".metrics.h5.tmp.1.0", std::string_view("partial"));
+  auto tmp = temp_path_next_to(dir / "metrics.h5");
+  write_file_atomic(tmp, std::string_view("payload"));
+  atomic_rename(tmp, dir / "metrics.h5");
+  EXPECT_FALSE(std::filesystem::exists(dir / ".metrics.h5.tmp.1.0"));
+}
+
 TEST(MappedFile, MapsContentsAndEmptyFiles) {
   TempDir dir;
   write_file_atomic(dir / "m", std::string_view("mapped"));
