@@ -64,7 +64,8 @@ void dry_run(const Recipe& r, const TrainOptions& options) {
               mib(e.weights).c_str(), mib(e.lora_params + e.lora_grads + e.optimizer).c_str(),
               mib(e.activations).c_str(), mib(e.activations_checkpointed).c_str());
   std::printf("  total             %s%s\n", mib(e.total(r.train.grad_checkpointing)).c_str(),
-              r.finetune == Finetune::full ? " (full fine-tuning adds 16 bytes per parameter: grads and AdamW moments)" : "");
+              r.finetune == Finetune::full ? " (full fine-tuning adds 16 bytes per parameter: grads and AdamW moments)"
+                                           : "");
 }
 
 }  // namespace lmtune

@@ -245,7 +245,8 @@ TrainSummary train(const Recipe& r, const TrainOptions& options) {
                "peak memory {}, {} skipped step(s); {} in {}",
                sum.steps, sum.steps_this_session, hms(sum.seconds), sum.tokens_per_s, sum.final_train_loss,
                std::isnan(sum.final_valid_loss) ? std::string("-") : fmt::format("{:.4f}", sum.final_valid_loss),
-               mib(sum.peak_bytes), sum.skipped_steps, r.finetune == Finetune::full ? "model" : "adapter", sum.output.string());
+               mib(sum.peak_bytes), sum.skipped_steps, r.finetune == Finetune::full ? "model" : "adapter",
+               sum.output.string());
   return sum;
 }
 

@@ -72,6 +72,19 @@ LossAndGrads loss_and_grads(TrainableModel& tm, const Batch& b, bool checkpoint)
   return r;
 }
 
+// Every gradient of `got` within relative squared L2 error `tol` of `want`'s.
+void expect_grads_close(const LossAndGrads& got, const LossAndGrads& want, double tol) {
+  ASSERT_EQ(got.grads.size(), want.grads.size());
+  for (size_t i = 0; i < want.grads.size(); ++i) {
+    double d2 = 0, n2 = 0;
+    for (size_t j = 0; j < want.grads[i].size(); ++j) {
+      d2 += std::pow(double(got.grads[i][j]) - want.grads[i][j], 2);
+      n2 += std::pow(double(want.grads[i][j]), 2);
+    }
+    EXPECT_LE(d2, tol * n2 + 1e-20) << "gradient " << i;
+  }
+}
+
 double max_abs_diff(const LossAndGrads& a, const LossAndGrads& b, double* scale) {
   double e = 0, s = 0;
   for (size_t i = 0; i < a.grads.size(); ++i)
@@ -219,14 +232,7 @@ TEST(TrainStep, TransposedWeightsSameLossAndGradients) {
   EXPECT_NEAR(runs[1].loss, runs[0].loss, 1e-3 * std::abs(runs[0].loss));
   EXPECT_EQ(runs[2].loss, runs[0].loss);
   ASSERT_EQ(runs[1].grads.size(), runs[0].grads.size());
-  for (size_t i = 0; i < runs[0].grads.size(); ++i) {
-    double d2 = 0, n2 = 0;
-    for (size_t j = 0; j < runs[0].grads[i].size(); ++j) {
-      d2 += std::pow(double(runs[1].grads[i][j]) - runs[0].grads[i][j], 2);
-      n2 += std::pow(double(runs[0].grads[i][j]), 2);
-    }
-    EXPECT_LE(d2, 1e-4 * n2 + 1e-20) << "gradient " << i;
-  }
+  expect_grads_close(runs[1], runs[0], 1e-4);
 }
 
 // Activations past f16's 65504 (Gemma's residual stream reaches them in real checkpoints) through a bf16 LoRA
@@ -264,14 +270,7 @@ TEST(TrainStep, Bf16ActivationsBeyondF16Range) {
   }
   EXPECT_GT(residual_max, 65504.0);
   EXPECT_NEAR(runs[1].loss, runs[0].loss, 2e-2 * std::abs(runs[0].loss));
-  for (size_t i = 0; i < runs[0].grads.size(); ++i) {
-    double d2 = 0, n2 = 0;
-    for (size_t j = 0; j < runs[0].grads[i].size(); ++j) {
-      d2 += std::pow(double(runs[1].grads[i][j]) - runs[0].grads[i][j], 2);
-      n2 += std::pow(double(runs[0].grads[i][j]), 2);
-    }
-    EXPECT_LE(d2, 1e-2 * n2 + 1e-20) << "gradient " << i;
-  }
+  expect_grads_close(runs[1], runs[0], 1e-2);
 }
 
 TEST(TrainStep, Fp16OverflowSkipsTheStepAndHalvesTheScale) {

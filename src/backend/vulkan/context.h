@@ -52,6 +52,9 @@ struct Features {
   bool pipeline_stats = false;      // LMTUNE_PIPELINE_STATS=1 and VK_KHR_pipeline_executable_properties
   uint32_t timestamp_bits = 0;
   uint32_t subgroup_size = 0;
+
+  // What the VK_NV_cooperative_matrix kernels (matmul, flash attention) need.
+  bool coopmat_kernels() const { return cooperative_matrix && storage_16bit && subgroup_size == 32; }
 };
 
 // Throws DeviceError (OutOfMemoryError for the OOM codes) naming `what` when r is not VK_SUCCESS.

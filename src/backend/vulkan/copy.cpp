@@ -1,5 +1,5 @@
-// Vulkan kernel for the strided copy / cast (the Copy primitive, copy_into and concat): kernels/elementwise/elementwise.comp
-// built as "copy"; same-dtype copies move raw bits (i32 stays exact).
+// Vulkan kernel for the strided copy / cast (the Copy primitive, copy_into and concat):
+// kernels/elementwise/elementwise.comp built as "copy"; same-dtype copies move raw bits (i32 stays exact).
 #include "backend/vulkan/kernel_util.h"
 #include "core/error.h"
 #include "core/ops/view.h"

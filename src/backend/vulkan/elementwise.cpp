@@ -1,5 +1,6 @@
 // Vulkan kernels for the elementwise primitives (unary, binary, where, the fused gated activation) and the strided
-// elementwise launcher that copy.cpp shares. Kernels: kernels/elementwise/elementwise.comp, kernels/elementwise/gated_activation.comp.
+// elementwise launcher that copy.cpp shares. Kernels: kernels/elementwise/elementwise.comp,
+// kernels/elementwise/gated_activation.comp.
 #include <algorithm>
 #include <cstdlib>
 

@@ -18,7 +18,7 @@ VulkanEnvironment read_environment() {
   e.pipeline_stats = env("LMTUNE_PIPELINE_STATS") == "1";
   e.validation = env("LMTUNE_VK_VALIDATION") == "1";
   e.disabled = env("LMTUNE_VK_DISABLE");
-  e.pipeline_cache = std::getenv("LMTUNE_VK_NO_PIPELINE_CACHE") == nullptr;
+  e.pipeline_cache = env("LMTUNE_VK_NO_PIPELINE_CACHE").empty();
   e.spv_dir = env("LMTUNE_SPV_DIR");
   if (const std::string x = env("XDG_CACHE_HOME"); !x.empty()) e.cache_dir = x + "/lmtune";
   else if (const std::string h = env("HOME"); !h.empty()) e.cache_dir = h + "/.cache/lmtune";

@@ -135,7 +135,7 @@ void check_grid(uint32_t blocks, const char* what) {
 // scores in registers; every head-dim class) or "cm" (tensor cores, scores through shared memory; D <= 64).
 std::string tensor_core_family(Context& ctx, const FlashAttentionParams& p, DType q_dtype) {
   const Features& f = ctx.features();
-  bool device_ok = f.cooperative_matrix && f.storage_16bit && f.subgroup_size == 32 &&
+  bool device_ok = f.coopmat_kernels() &&
                    ctx.properties().limits.maxComputeSharedMemorySize >= 48 * 1024;
   const FlashKernel mode = ctx.kernel_choice().flash;
   const bool forced = mode == FlashKernel::coopmat || mode == FlashKernel::coopmat_shared;

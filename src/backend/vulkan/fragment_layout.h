@@ -6,9 +6,9 @@
 
 namespace lmtune::vk {
 
-// kernels/matmul/coopmat_layout.comp reports the (row, column) of every lane's elements of an f32 and an f16 fragment,
-// and whether fragments built element by element multiply as the same matrices, as the A and as the B operand.
-// Checked once per device.
+// kernels/matmul/coopmat_layout.comp reports the (row, column) of every lane's elements of an f32 and an f16
+// fragment, and whether fragments built element by element multiply as the same matrices, as the A and as the B
+// operand. Checked once per device.
 bool fragment_layout_is_mma(Context& ctx);
 
 }  // namespace lmtune::vk

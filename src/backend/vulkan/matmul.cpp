@@ -61,8 +61,7 @@ bool vector_staging(DType t, bool transposed, int64_t rs, int64_t cs, int64_t of
 }
 
 bool coopmat_available(int index) {
-  const Features& f = context_for(Device::vulkan(index)).features();
-  return f.cooperative_matrix && f.storage_16bit && f.subgroup_size == 32;
+  return context_for(Device::vulkan(index)).features().coopmat_kernels();
 }
 
 namespace {

@@ -1,6 +1,6 @@
-// The cooperative-matrix-2 product (see matmul_cm2.h): whether the operands suit kernels/matmul/matmul_cm2.comp, and its
-// dispatch. Its builds need glslang 15 (cmake/kernels.cmake); a binary built without them says so once and
-// keeps to the other kernels.
+// The cooperative-matrix-2 product (see matmul_cm2.h): whether the operands suit kernels/matmul/matmul_cm2.comp, and
+// its dispatch. Its builds need glslang 15 (cmake/kernels.cmake); a binary built without them says so once and keeps
+// to the other kernels.
 #include "backend/vulkan/matmul_cm2.h"
 
 #include <mutex>

@@ -155,8 +155,7 @@ void log_once(std::once_flag& flag, const std::string& msg) {
 // Whether the VK_NV_cooperative_matrix kernels take the product (else the scalar one).
 bool use_coopmat(Context& ctx, const KernelChoice& kc, const Tensor& a, const Tensor& b, bool layout_ok) {
   static std::once_flag no_cm_flag, f32_flag, layout_flag;
-  const Features& f = ctx.features();
-  const bool cm_device = f.cooperative_matrix && f.storage_16bit && f.subgroup_size == 32;
+  const bool cm_device = ctx.features().coopmat_kernels();
   if (kc.matmul == MatmulKernel::coopmat) {
     if (!cm_device)
       throw DeviceError("matmul: the cooperative-matrix kernel was forced but " + ctx.name() +
@@ -222,7 +221,6 @@ std::optional<MatmulPlan> plan_matmul(Context& ctx, const Tensor& a, const Tenso
     p.kernel = cm2_kernel(ctx, a, b, c, lr);
     if (!p.kernel.empty()) {
       p.route = MatmulRoute::coopmat2, p.bm = 128, p.bn = 256;
-      p.tb = b.strides()[0] == 1 && b.strides()[1] != 1;
       return p;
     }
   }
@@ -230,11 +228,10 @@ std::optional<MatmulPlan> plan_matmul(Context& ctx, const Tensor& a, const Tenso
   const bool cm = use_coopmat(ctx, kc, a, b, layout_ok);
   if (acc && !cm) return std::nullopt;  // only the fast coopmat kernel accumulates
   const bool f32_in = a.dtype() == DType::f32 || b.dtype() == DType::f32;
-  if (!lr && !acc && coopmat_available(ctx.index()) && kc.matmul != MatmulKernel::scalar && !kc.matmul_tile &&
+  if (!lr && !acc && ctx.features().coopmat_kernels() && kc.matmul != MatmulKernel::scalar && !kc.matmul_tile &&
       !kc.matmul_splitk && !(kc.matmul == MatmulKernel::automatic && f32_in) && skinny_takes(ctx, a, b, c)) {
     p.route = MatmulRoute::skinny;
     p.kernel = p.N <= 16 ? "matmul_skinny_n1" : "matmul_skinny_n2";
-    p.ta = a.strides()[1] != 1 && a.strides()[0] == 1, p.tb = b.strides()[1] != 1 && b.strides()[0] == 1;
     return p;
   }
 

@@ -1,5 +1,5 @@
-// Skinny products on tensor cores without shared-memory staging (kernels/matmul/matmul_skinny.comp): C [M, N] = A [M, K]
-// B [K, N] with N <= 32 and A 16-bit with 16-byte rows, LoRA's rank side (x Aᵀ, g (s B)). The general tiles run
+// Skinny products on tensor cores without shared-memory staging (kernels/matmul/matmul_skinny.comp): C [M, N] = A [M,
+// K] B [K, N] with N <= 32 and A 16-bit with 16-byte rows, LoRA's rank side (x Aᵀ, g (s B)). The general tiles run
 // these at about half the memory bandwidth (barriers and staging for data that is used once).
 #include "backend/vulkan/matmul_skinny.h"
 

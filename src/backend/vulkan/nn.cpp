@@ -1,6 +1,6 @@
 // Vulkan kernels for RMSNorm, LayerNorm, rotary embedding, dropout and embedding gather / scatter-add:
-// kernels/norm/norm.comp, kernels/norm/rms_norm_grad.comp, kernels/attention/rope.comp, kernels/elementwise/dropout.comp, kernels/embedding/embedding.comp,
-// kernels/embedding/embedding_backward.comp.
+// kernels/norm/norm.comp, kernels/norm/rms_norm_grad.comp, kernels/attention/rope.comp,
+// kernels/elementwise/dropout.comp, kernels/embedding/embedding.comp, kernels/embedding/embedding_backward.comp.
 #include "backend/vulkan/kernel_util.h"
 #include "backend/vulkan/nn_kernels.h"
 #include "core/error.h"

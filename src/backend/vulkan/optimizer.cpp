@@ -1,5 +1,5 @@
-// Vulkan kernels for the in-place optimizer updates (kernels/optimizer/optimizer.comp) and the gradient norm's sum of squares
-// over many tensors (kernels/optimizer/sum_of_squares.comp).
+// Vulkan kernels for the in-place optimizer updates (kernels/optimizer/optimizer.comp) and the gradient norm's sum of
+// squares over many tensors (kernels/optimizer/sum_of_squares.comp).
 #include <algorithm>
 
 #include "backend/vulkan/kernel_util.h"

@@ -1,4 +1,5 @@
-// Elementwise primitives: unary maps, broadcasting binary ops, where, and the fused gated activation. Kernels: backend/{cpu,vulkan}/elementwise.cpp.
+// Elementwise primitives: unary maps, broadcasting binary ops, where, and the fused gated activation. Kernels:
+// backend/{cpu,vulkan}/elementwise.cpp.
 #pragma once
 #include "core/primitive.h"
 

@@ -42,8 +42,9 @@ class CrossEntropyGrad final : public Primitive {
 };
 
 // One vocabulary chunk of the fused loss's forward (linear_cross_entropy with the hidden gradient in the forward):
-// inputs z [N, c] f32 or 16-bit (the chunk's soft-capped logits), ignored i32 [N] (!= 0: a zero row) and, with has_prev,
-// prev f32 [N] (the log-sum-exp of the columns before). Outputs p [N, c] (any float dtype) and lse f32 [N]:
+// inputs z [N, c] f32 or 16-bit (the chunk's soft-capped logits), ignored i32 [N] (!= 0: a zero row) and, with
+// has_prev, prev f32 [N] (the log-sum-exp of the columns before). Outputs p [N, c] (any float dtype) and lse f32
+// [N]:
 //   lse = logaddexp(prev, logsumexp(z))   (logsumexp(z) alone without prev)
 //   p   = exp(z - lse) · (1 - (z / softcap)²)   (the soft-cap's slope only when softcap > 0)
 // In one pass over z (Vulkan: kernels/reduce/softmax.comp -DCHUNK). Not differentiable.
