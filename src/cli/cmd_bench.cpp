@@ -364,6 +364,7 @@ void add_bench_command(CLI::App& app, const std::string& device) {
   ops_cmd->add_flag("--profile", o->profile, "Also print the per-kernel GPU profile (Vulkan)");
   ops_cmd->callback([&device, o] { run_bench_ops(device, *o); });
   add_bench_train_command(*bench, device);
+  add_bench_generate_command(*bench, device);
 }
 
 }  // namespace lmtune::cli

@@ -20,6 +20,8 @@ void add_info_command(CLI::App& app, const std::string& device);
 void add_bench_command(CLI::App& app, const std::string& device);
 // `lmtune bench train` (cli/cmd_bench_train.cpp), a subcommand of `bench`.
 void add_bench_train_command(CLI::App& bench, const std::string& device);
+// `lmtune bench generate` (cli/cmd_bench_generate.cpp), a subcommand of `bench`.
+void add_bench_generate_command(CLI::App& bench, const std::string& device);
 void add_tokenize_command(CLI::App& app);
 // `lmtune info MODEL_DIR` (cli/model_info.cpp): the model and a LoRA training memory estimate.
 struct ModelInfoOptions {

@@ -18,7 +18,7 @@ void add_model_options(CLI::App& cmd, ModelArgs& a) {
                                           "(repeatable)");
   cmd.add_option("--dtype", a.dtype, "weight dtype on the device: auto | f32 | f16 | bf16 "
                                      "(auto: f32 on the CPU, the checkpoint's dtype on Vulkan)");
-  cmd.add_option("--compute-dtype", a.compute_dtype, "activation dtype: f32 | f16 | bf16");
+  cmd.add_option("--compute-dtype", a.compute_dtype, "activation dtype: f32 | f16 | bf16 | auto (the weights' dtype)");
 }
 
 models::Decoder load_base_model(const ModelArgs& a) {
@@ -30,7 +30,7 @@ models::Decoder load_base_model(const ModelArgs& a) {
     ModelConfig c = load_model_config(std::filesystem::path(a.model) / "config.json");
     if (!c.torch_dtype.empty()) weights = parse_dtype(c.torch_dtype);
   }
-  DType compute = parse_dtype(a.compute_dtype);
+  DType compute = a.compute_dtype == "auto" ? weights : parse_dtype(a.compute_dtype);
   if (!is_float(weights) || !is_float(compute)) throw ConfigError("--dtype / --compute-dtype must be f32, f16 or bf16");
   spdlog::debug("loading {} on {} ({} weights, {} compute)", a.model, dev.str(), dtype_name(weights), dtype_name(compute));
   return models::load_decoder(a.model, weights, compute, dev);

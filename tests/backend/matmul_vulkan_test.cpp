@@ -367,6 +367,40 @@ TEST_F(VulkanMatmul, AutomaticChoice) {
   else EXPECT_EQ(k.rfind("scalar", 0), 0u) << k;
 }
 
+// Decode's products (at most 4 rows against a weight [N, K]) on matmul_gemv, batch dims folded into rows; other
+// shapes stay on the tiled kernels.
+TEST_F(VulkanMatmul, GemvKernel) {
+  if (!vk::context_for(dev_).features().subgroup_arithmetic) GTEST_SKIP() << "no subgroup arithmetic";
+  choice().matmul = vk::MatmulKernel::automatic;
+  const Operand weight{{}, true, 0};
+  for (DType t : {DType::f32, DType::f16, DType::bf16})
+    for (int64_t M : {1, 3, 4})
+      for (int64_t N : {1, 37, 1000})
+        for (int64_t K : {8, 104, 2056}) {
+          run({M, N, K, t, {}, weight}, "gemv");
+          EXPECT_EQ(last_.rfind("gemv " + std::to_string(M) + " nt", 0), 0u) << last_;
+        }
+  Case batched{1, 300, 96, DType::bf16, Operand(), weight};
+  batched.a.batch.assign(1, 3);
+  run(batched, "gemv, batch of single rows");
+  EXPECT_EQ(last_, "gemv 3 nt");
+  batched.M = 2, batched.dtype = DType::f16;
+  batched.a.batch.assign(1, 2);
+  run(batched, "gemv, batch of row pairs");
+  EXPECT_EQ(last_, "gemv 4 nt");
+  run({5, 64, 96, DType::bf16, {}, weight}, "five rows");
+  EXPECT_NE(last_.rfind("gemv", 0), 0u) << last_;
+  run({2, 64, 13, DType::bf16, {}, weight}, "K not a multiple of 8");
+  EXPECT_NE(last_.rfind("gemv", 0), 0u) << last_;
+  // The lm_head's product in decode: f32 hidden states, a bf16 weight, f32 logits.
+  Tensor h = Tensor::randn({2, 136}, 7, 1.0f, DType::f32, dev_);
+  Tensor w = Tensor::randn({517, 136}, 8, 1.0f, DType::bf16, dev_);
+  Tensor logits = apply1(std::make_shared<Matmul>(), {h, ops::transpose(w)}, {{2, 517}, DType::f32});
+  EXPECT_EQ(kernel_of(h, ops::transpose(w), logits), "gemv 2 nt");
+  const Shape no_batch;
+  EXPECT_LT(nmse(logits.to_doubles(), reference(h, ops::transpose(w), no_batch, 2, 517, 136)), 1e-10);
+}
+
 // The planner on its own: what it returns without recording anything, where the addend or the accumulation
 // cannot go into the kernel, and a forced kernel the device lacks.
 TEST_F(VulkanMatmul, PlanWithoutRecording) {

@@ -323,6 +323,9 @@ QueueFamily compute_queue_family(VkPhysicalDevice phys, const std::string& name)
 Features enabled_features(const DeviceQuery& q, uint32_t timestamp_bits) {
   Features f;
   f.subgroup_size = q.subgroup.subgroupSize;
+  f.subgroup_arithmetic = (q.subgroup.supportedStages & VK_SHADER_STAGE_COMPUTE_BIT) &&
+                          (q.subgroup.supportedOperations & VK_SUBGROUP_FEATURE_ARITHMETIC_BIT) &&
+                          !disabled("subgroup_arithmetic");
   f.timestamp_bits = timestamp_bits;
   f.timestamps = f.timestamp_bits > 0 && q.props.limits.timestampPeriod > 0;
   f.storage_16bit = q.s16.storageBuffer16BitAccess && !disabled("storage_16bit");

@@ -47,6 +47,7 @@ struct Features {
   bool memory_budget = false;       // VK_EXT_memory_budget
   bool atomic_float_add = false;    // VK_EXT_shader_atomic_float shaderBufferFloat32AtomicAdd
   bool subgroup_size_control = false;
+  bool subgroup_arithmetic = false; // compute shaders may use subgroupAdd (GL_KHR_shader_subgroup_arithmetic)
   bool timestamps = false;          // compute queue supports timestamp queries
   bool host_mapping = true;         // host-visible device memory is mapped (off: every transfer is staged)
   bool pipeline_stats = false;      // LMTUNE_PIPELINE_STATS=1 and VK_KHR_pipeline_executable_properties

@@ -191,6 +191,20 @@ bool rows_of_8(const FlashPush& f, bool with_do) {
 // Flag 16 of the tensor-core kernels: outputs written 16 bytes at a time (output offsets and D multiples of 8).
 uint32_t vec_out_flag(const FlashPush& f) { return f.D % 8 == 0 && f.y_off % 8 == 0 && f.z_off % 8 == 0 ? 16u : 0u; }
 
+// Decoding's attention (flash_attention_decode.comp): at most 16 rows (T x G) per kv head, no packed documents,
+// rows of q, k, v in multiples of 8 elements. Its key splits: at least 32 keys each (a workgroup's loop over keys
+// is latency-bound), up to enough workgroups to fill a GPU.
+constexpr int64_t kDecodeRows = 16;
+constexpr uint32_t kDecodeSplitKeys = 32;
+bool decode_takes(const FlashAttentionParams& p, const FlashPush& f) {
+  return p.T * p.G() <= kDecodeRows && !p.docs && rows_of_8(f, false);
+}
+uint32_t decode_splits(const FlashAttentionParams& p) {
+  const uint32_t tiles = ceil_div(uint64_t(std::max<int64_t>(p.S, 1)), kDecodeSplitKeys);
+  const uint32_t fill = uint32_t(std::max<int64_t>(1, 256 / std::max<int64_t>(1, p.KV * p.B)));
+  return std::min<uint32_t>({tiles, fill, 64});
+}
+
 }  // namespace
 
 bool flash_attention_runs(const Context& ctx, int64_t head_dim) {
@@ -229,10 +243,12 @@ void FlashAttention::eval_vulkan(const std::vector<Tensor>& ins, std::vector<Ten
                  {in(q), in(k), in(v), in(q), out(lse), in(q), docs, keys, out(o), in(q)}, f, {blocks, f.KV, batch});
     return;
   }
+  const bool decode = decode_takes(p, f);
   const uint32_t br = p.D <= 64 ? 32 : 16 * (p.D <= 128 ? 2 : 1), bc = p.D <= 64 ? 32 : p.D <= 128 ? 16 : 8;
-  const uint32_t blocks = ceil_div(uint64_t(p.T * p.G()), br);
+  const uint32_t blocks = decode ? 1 : ceil_div(uint64_t(p.T * p.G()), br);
   check_grid(blocks, "query");
-  f.splits = p.D > 0 ? forward_splits(blocks * f.KV * batch, ceil_div(uint64_t(p.S), bc)) : 1;
+  if (decode) f.splits = decode_splits(p);
+  else f.splits = p.D > 0 ? forward_splits(blocks * f.KV * batch, ceil_div(uint64_t(p.S), bc)) : 1;
   check_grid(batch * f.splits, "batch");
   // Split passes write f32 partials [splits, B, T, H, D] and [splits, B, H, T], merged afterwards.
   Tensor part = f.splits > 1 ? Tensor::empty({int64_t(f.splits), p.B, p.T, p.H, p.D}, DType::f32, o.device()) : o;
@@ -240,7 +256,7 @@ void FlashAttention::eval_vulkan(const std::vector<Tensor>& ins, std::vector<Ten
   f.lse_off = elem_offset(plse);
   f.y_off = elem_offset(part);
   f.dtypes |= uint32_t(part.dtype()) << 16;
-  ctx.dispatch(variant(ctx, "flash_attention_fwd" + cls),
+  ctx.dispatch(variant(ctx, (decode ? "flash_attention_decode" : "flash_attention_fwd") + cls),
                {in(q), in(k), in(v), in(q), out(plse), in(q), docs, keys, out(part), in(q)}, f,
                {blocks, f.KV, batch * f.splits});
   if (f.splits > 1) {

@@ -158,6 +158,27 @@ void record_tiled(Context& ctx, const MatmulPlan& plan, const Tensor& a, const T
   if (plan.nsplit > 1) record_splitk_sum(ctx, plan, dst, c);
 }
 
+// Mirrors GemvParams in kernels/matmul/matmul_gemv.comp.
+struct GemvParams {
+  uint32_t N, K, rows, a_off, a_rs, w_off, w_rs, c_off, dtypes;
+  float alpha;
+};
+
+void record_gemv(Context& ctx, const MatmulPlan& plan, const Tensor& a, const Tensor& b, Tensor& c, float alpha) {
+  GemvParams p{};
+  p.N = uint32_t(plan.N), p.K = uint32_t(plan.K), p.rows = uint32_t(plan.gemv_rows);
+  p.a_off = uint32_t(a.offset()), p.a_rs = uint32_t(plan.gemv_row_stride);
+  p.w_off = uint32_t(b.offset()), p.w_rs = uint32_t(b.strides().back());
+  p.c_off = uint32_t(c.offset());
+  p.dtypes = dtype_code(a.dtype()) | dtype_code(b.dtype()) << 4 | dtype_code(c.dtype()) << 8;
+  p.alpha = alpha;
+  // Workgroups of 4 subgroups (kernels/matmul/matmul_gemv.comp), one column each on a GPU; a CPU device (lavapipe)
+  // pays per workgroup, so there each takes 64 columns.
+  const uint32_t cols = ctx.properties().deviceType == VK_PHYSICAL_DEVICE_TYPE_CPU ? 64 : 4;
+  ctx.dispatch(plan.kernel, {in(a), in(b), out(c)}, p, Groups{uint32_t((plan.N + cols - 1) / cols), 1, 1},
+               {4 * std::max<uint32_t>(ctx.features().subgroup_size, 1), cols});
+}
+
 }  // namespace
 
 bool record_matmul(const Tensor& a, const Tensor& b, Tensor& c, const LowRankTerm* lr, const Accumulate* acc,
@@ -176,6 +197,7 @@ bool record_matmul(const Tensor& a, const Tensor& b, Tensor& c, const LowRankTer
   switch (plan->route) {
     case MatmulRoute::coopmat2: record_cm2(ctx, plan->kernel, a, b, c, lr); break;
     case MatmulRoute::skinny: record_skinny(ctx, a, b, c, alpha); return true;  // alpha in its sums
+    case MatmulRoute::gemv: record_gemv(ctx, *plan, a, b, c, alpha); return true;
     default: record_tiled(ctx, *plan, a, b, c, lr, acc);
   }
   if (alpha != 1.0f) {

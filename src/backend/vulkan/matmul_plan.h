@@ -14,6 +14,7 @@
 namespace lmtune::vk {
 
 enum class MatmulRoute {
+  gemv,          // at most 4 rows against a weight [N, K] (matmul_gemv.comp): decode, bound by the weights' bytes
   coopmat2,      // workgroup-scope cooperative matrices (matmul_cm2.comp): large 16-bit products
   skinny,        // N <= 32 with a 16-bit A (matmul_skinny.comp): LoRA's rank side
   coopmat_fast,  // VK_NV_cooperative_matrix, every tile interior and every operand vector-aligned
@@ -39,8 +40,9 @@ struct MatmulPlan {
   BatchDim d0, d1;                    // the two batch dims the kernel takes (outer, inner)
   std::vector<BatchDim> outer;        // more batch dims: one dispatch each
   bool low_rank = false, accumulate = false;
+  uint64_t gemv_rows = 0, gemv_row_stride = 0;  // gemv: A's rows (batch dims folded in) and their stride
 
-  // "coopmat 128x256 nt splitk 2 fast", "coopmat2 128x256 nn", "coopmat skinny nn", "scalar 64x64".
+  // "coopmat 128x256 nt splitk 2 fast", "coopmat2 128x256 nn", "coopmat skinny nn", "scalar 64x64", "gemv 1 nt".
   std::string describe() const;
 };
 
