@@ -125,6 +125,7 @@ TrainSummary train(const Recipe& r, const TrainOptions& options) {
   }
 
   Tokenizer tokenizer = Tokenizer::load(r.model);
+  check_recipe_fits(r, tokenizer, device);
   TrainData data = load_train_data(r, tokenizer);
   if (resume_from && meta.dataset_hash != data.hash)
     throw ConfigError("resume: the training data differs from the data " + resume_from->string() +
