@@ -9,6 +9,7 @@
 #include "cli/commands.h"
 #include "cli/infer_options.h"
 #include "infer/generator.h"
+#include "infer/model_checks.h"
 #include "tokenizer/chat_template.h"
 
 namespace lmtune::cli {
@@ -39,6 +40,7 @@ void run_generate(const std::string& device, const GenerateArgs& a) {
   } else {
     prompt = tok.encode(a.prompt, true);
   }
+  infer::warn_past_context(decoder.config(), int64_t(prompt.size()), stop.max_tokens);
   std::vector<infer::Sequence> seqs;
   seqs.emplace_back(prompt, a.sampling.params, stop, &tok);
   infer::GenerationStats st = infer::generate(decoder, seqs, 1, [&](size_t, const std::string& piece) {

@@ -5,6 +5,7 @@
 #include <spdlog/spdlog.h>
 
 #include "core/error.h"
+#include "infer/model_checks.h"
 #include "io/hf_config.h"
 #include "models/weights.h"
 
@@ -36,7 +37,11 @@ models::Decoder load_base_model(const ModelArgs& a) {
   return models::load_decoder(a.model, weights, compute, dev);
 }
 
-Tokenizer load_model_tokenizer(const ModelArgs& a) { return Tokenizer::load(a.model); }
+Tokenizer load_model_tokenizer(const ModelArgs& a) {
+  Tokenizer t = Tokenizer::load(a.model);
+  infer::check_tokenizer_fits(t, load_model_config(a.model), a.model);
+  return t;
+}
 
 void add_sampling_options(CLI::App& cmd, SamplingArgs& s) {
   cmd.add_option("--max-tokens", s.max_tokens, "most tokens to generate")->default_val(256);

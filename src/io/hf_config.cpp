@@ -412,7 +412,13 @@ ModelConfig parse_model_config(std::string_view json_text, const std::string& wh
   c.sandwich_norms = d.gemma;
 
   // Token ids may sit in text_config or at the top level (gemma3).
-  c.eos_token_ids = s.has("eos_token_id") ? s.int_list("eos_token_id") : top.int_list("eos_token_id");
+  const Scope& eos_scope = s.has("eos_token_id") ? s : top;
+  c.eos_token_ids = eos_scope.int_list("eos_token_id");
+  // Generation stops on these ids: one outside the vocabulary would never be produced.
+  for (int64_t id : c.eos_token_ids)
+    if (id < 0 || id >= c.vocab_size)
+      eos_scope.fail("eos_token_id", std::to_string(id) + " is outside the vocabulary [0, " +
+                                         std::to_string(c.vocab_size) + ") of vocab_size");
   c.bos_token_id = s.has("bos_token_id") ? s.opt_int("bos_token_id") : top.opt_int("bos_token_id");
   c.pad_token_id = s.has("pad_token_id") ? s.opt_int("pad_token_id") : top.opt_int("pad_token_id");
   return c;

@@ -3,7 +3,9 @@
 
 #include <spdlog/spdlog.h>
 
+#include <atomic>
 #include <cstdio>
+#include <cstring>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -94,8 +96,49 @@ const NameLayout& detect_layout(const SafetensorsCheckpoint& ckpt) {
                   "'model.language_model.embed_tokens.weight' and 'language_model.model.embed_tokens.weight')");
 }
 
+// Decoder weights are floating-point: an integer or bool tensor (a relabelled dtype, say) would be converted
+// to meaningless floats.
+DType weight_dtype(const SafetensorsTensor& st) {
+  auto t = to_lmtune_dtype(st.st_dtype);
+  if (!t || !is_float(*t))
+    throw FileError(st.file.string() + ": tensor '" + st.name + "' has dtype " +
+                    std::string(st_dtype_name(st.st_dtype)) + "; decoder weights must be F32, F16 or BF16");
+  return *t;
+}
+
+bool finite_element(const std::byte* p, DType t) {
+  if (t == DType::f32) {
+    uint32_t v;
+    std::memcpy(&v, p, 4);
+    return (v & 0x7f800000u) != 0x7f800000u;
+  }
+  uint16_t h;
+  std::memcpy(&h, p, 2);
+  return t == DType::f16 ? (h & 0x7c00u) != 0x7c00u : (h & 0x7f80u) != 0x7f80u;  // bf16: f32's exponent
+}
+
+// One pass over the stored bytes on the CPU threads: a NaN or infinity in a checkpoint would only surface as
+// a NaN loss or garbage text much later.
+void check_finite(const SafetensorsTensor& st, DType t) {
+  const size_t es = dtype_size(t);
+  const int64_t n = int64_t(st.data.size() / es);
+  std::atomic<int64_t> count{0}, first{n};
+  cpu::parallel_for(n, 1 << 16, [&](int64_t b, int64_t e) {
+    int64_t c = 0, f = n;
+    for (int64_t i = b; i < e; ++i)
+      if (!finite_element(st.data.data() + size_t(i) * es, t) && c++ == 0) f = i;
+    if (c == 0) return;
+    count += c;
+    for (int64_t cur = first.load(); f < cur && !first.compare_exchange_weak(cur, f);) {}
+  });
+  if (count > 0)
+    throw FileError(st.file.string() + ": tensor '" + st.name + "' holds " + std::to_string(count.load()) +
+                    " non-finite value(s) (NaN or infinity), the first at element " + std::to_string(first.load()));
+}
+
 Tensor upload(const SafetensorsTensor& st, DType dtype, Device device) {
-  DType src = st.dtype();  // throws FileError for dtypes lmtune does not load
+  DType src = weight_dtype(st);
+  check_finite(st, src);
   Tensor t = Tensor::empty(st.shape, dtype, device);
   if (st.data.empty()) return t;
   if (src == dtype) {

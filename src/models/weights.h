@@ -38,7 +38,8 @@ int64_t parameter_count(const ModelConfig& config);
 
 // Loads the weights of `config` from a checkpoint (a model directory with model.safetensors or a sharded
 // model.safetensors.index.json, or a .safetensors file) onto `device`, converted to `dtype`. Missing tensors,
-// shapes that disagree with the config and unsupported dtypes throw FileError naming the tensor and the file.
+// shapes that disagree with the config, dtypes other than F32/F16/BF16 and NaN or infinite values throw FileError
+// naming the tensor and the file.
 // Tensors that the decoder does not use are ignored (a warning lists them, except vision-tower ones).
 DecoderWeights load_weights(const ModelConfig& config, const std::filesystem::path& checkpoint, DType dtype,
                             Device device);

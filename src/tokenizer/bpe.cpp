@@ -27,8 +27,7 @@ Bpe::Bpe(const json& model, const Origin& origin) {
   if (!vocab.is_object()) origin.at("vocab").fail("missing or not an object");
   vocab_.reserve(vocab.size());
   for (auto it = vocab.begin(); it != vocab.end(); ++it) {
-    if (!it.value().is_number_integer()) origin.at("vocab").fail("id of '" + it.key() + "' is not an integer");
-    vocab_.emplace(it.key(), it.value().get<int32_t>());
+    vocab_.emplace(it.key(), token_id(it.value(), origin.at("vocab"), "token '" + it.key() + "'"));
   }
 
   auto optional_string = [&](const char* key) -> std::string {

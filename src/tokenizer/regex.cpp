@@ -13,6 +13,15 @@ void Origin::fail(const std::string& problem) const {
   throw FileError(file + ": " + (path.empty() ? "" : path + ": ") + problem);
 }
 
+int32_t token_id(const json& v, const Origin& origin, const std::string& what) {
+  if (!v.is_number_integer()) origin.fail(what + ": id " + v.dump() + " is not an integer");
+  const bool in_range = v.is_number_unsigned() ? v.get<uint64_t>() <= uint64_t(kMaxTokenId)
+                                               : v.get<int64_t>() >= 0 && v.get<int64_t>() <= kMaxTokenId;
+  if (!in_range)
+    origin.fail(what + ": id " + v.dump() + " is outside [0, " + std::to_string(kMaxTokenId) + "]");
+  return int32_t(v.get<int64_t>());
+}
+
 Regex::Regex(const std::string& pattern, bool literal, const Origin& origin) {
   int error_code = 0;
   PCRE2_SIZE error_offset = 0;

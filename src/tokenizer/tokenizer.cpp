@@ -98,6 +98,51 @@ std::string Pipeline::decode_bytes(const std::vector<int32_t>& ids, bool skip_sp
 
 }  // namespace tok
 
+namespace {
+
+// id -> token, refusing two tokens for one id: encode and decode would disagree about what the id means. An added
+// token may repeat its own vocab entry (HF files list <s>, </s>, <unk> in both).
+void fill_id_tables(tok::Pipeline& p, const std::vector<tok::AddedToken>& added, const tok::Origin& origin) {
+  int32_t max_id = -1;
+  for (const auto& [token, id] : p.model->vocab()) max_id = std::max(max_id, id);
+  for (const auto& t : added) max_id = std::max(max_id, t.id);
+  p.id_to_token.assign(static_cast<size_t>(max_id + 1), std::string());
+  p.special.assign(p.id_to_token.size(), 0);
+  p.added.assign(p.id_to_token.size(), 0);
+  std::vector<uint8_t> taken(p.id_to_token.size(), 0);
+  for (const auto& [token, id] : p.model->vocab()) {
+    if (taken[id])
+      origin.at("model.vocab").fail("tokens '" + p.id_to_token[id] + "' and '" + token + "' have the same id " +
+                                    std::to_string(id));
+    taken[id] = 1;
+    p.id_to_token[id] = token;
+  }
+  for (size_t i = 0; i < added.size(); ++i) {
+    const tok::AddedToken& t = added[i];
+    if (taken[t.id] && p.id_to_token[t.id] != t.content)
+      origin.at("added_tokens").at(i).fail("token '" + t.content + "' has id " + std::to_string(t.id) +
+                                           ", already the id of '" + p.id_to_token[t.id] + "'" +
+                                           (p.added[t.id] ? " in added_tokens" : " in model.vocab"));
+    taken[t.id] = p.added[t.id] = 1;
+    p.id_to_token[t.id] = t.content;
+  }
+  for (const auto& t : added) {
+    p.id_to_token[t.id] = t.content;
+    p.special[t.id] = t.special;
+    p.added[t.id] = 1;
+    p.added_ids[t.content] = t.id;
+    if (t.normalized) {
+      std::string pattern = t.content;
+      if (p.normalizer) p.normalizer->normalize(pattern);
+      p.normalized_matcher.add(pattern, t);
+    } else {
+      p.raw_matcher.add(t.content, t);
+    }
+  }
+}
+
+}  // namespace
+
 Tokenizer Tokenizer::from_json_string(std::string_view text, const std::string& name) {
   json root = parse_json(text, name);
   if (!root.is_object()) throw FileError(name + ": expected a JSON object at the top level");
@@ -121,45 +166,22 @@ Tokenizer Tokenizer::from_json_string(std::string_view text, const std::string& 
         !a["content"].is_string())
       where.fail("needs an integer 'id' and a string 'content'");
     tok::AddedToken t;
-    t.id = a["id"].get<int32_t>();
+    t.id = tok::token_id(a["id"], where, "token '" + a["content"].get<std::string>() + "'");
     t.content = a["content"].get<std::string>();
     t.special = a.value("special", false);
     t.lstrip = a.value("lstrip", false);
     t.rstrip = a.value("rstrip", false);
     t.single_word = a.value("single_word", false);
     t.normalized = a.value("normalized", !t.special);
-    if (t.id < 0) where.fail("negative id");
     added.push_back(std::move(t));
   }
-
-  int32_t max_id = -1;
-  for (const auto& [token, id] : p->model->vocab()) max_id = std::max(max_id, id);
-  for (const auto& t : added) max_id = std::max(max_id, t.id);
-  p->id_to_token.assign(static_cast<size_t>(max_id + 1), std::string());
-  p->special.assign(p->id_to_token.size(), 0);
-  p->added.assign(p->id_to_token.size(), 0);
-  for (const auto& [token, id] : p->model->vocab()) {
-    if (id < 0) origin.at("model.vocab").fail("negative id for '" + token + "'");
-    p->id_to_token[id] = token;
-  }
-  for (const auto& t : added) {
-    p->id_to_token[t.id] = t.content;
-    p->special[t.id] = t.special;
-    p->added[t.id] = 1;
-    p->added_ids[t.content] = t.id;
-    if (t.normalized) {
-      std::string pattern = t.content;
-      if (p->normalizer) p->normalizer->normalize(pattern);
-      p->normalized_matcher.add(pattern, t);
-    } else {
-      p->raw_matcher.add(t.content, t);
-    }
-  }
+  fill_id_tables(*p, added, origin);
 
   Tokenizer tokenizer;
   tokenizer.pipeline_ = std::move(p);
   return tokenizer;
 }
+
 
 Tokenizer Tokenizer::load(const fs::path& file_or_dir) {
   fs::path file = file_or_dir;
@@ -217,10 +239,18 @@ void Tokenizer::read_generation_config(const fs::path& file) {
   const std::string name = file.string();
   json config = parse_json(read_file(file), name);
   if (!config.is_object()) throw FileError(name + ": expected a JSON object");
+  // Ids compared as JSON values before narrowing: 2^32 + 2 must not pass as 2.
+  auto vocab_id = [&](const json& v, const char* key) {
+    if (!v.is_number_integer()) throw ConfigError(name + ": " + key + " must be an integer or a list of integers");
+    const bool in_vocab = v.is_number_unsigned() ? v.get<uint64_t>() < uint64_t(vocab_size())
+                                                 : v.get<int64_t>() >= 0 && v.get<int64_t>() < vocab_size();
+    if (!in_vocab)
+      throw ConfigError(name + ": " + key + " " + v.dump() + " is outside the tokenizer's vocabulary [0, " +
+                        std::to_string(vocab_size()) + ")");
+    return int32_t(v.get<int64_t>());
+  };
   auto add_eos = [&](const json& v) {
-    if (!v.is_number_integer()) throw ConfigError(name + ": eos_token_id must be an integer or a list of integers");
-    int32_t id = v.get<int32_t>();
-    if (id < 0 || id >= vocab_size()) throw ConfigError(name + ": eos_token_id " + std::to_string(id) + " is out of range");
+    int32_t id = vocab_id(v, "eos_token_id");
     if (std::find(eos_ids_.begin(), eos_ids_.end(), id) == eos_ids_.end()) eos_ids_.push_back(id);
   };
   if (config.contains("eos_token_id") && !config["eos_token_id"].is_null()) {
@@ -229,7 +259,7 @@ void Tokenizer::read_generation_config(const fs::path& file) {
     else add_eos(eos);
   }
   if (!bos_id_ && config.contains("bos_token_id") && config["bos_token_id"].is_number_integer())
-    bos_id_ = config["bos_token_id"].get<int32_t>();
+    bos_id_ = vocab_id(config["bos_token_id"], "bos_token_id");
 }
 
 std::vector<int32_t> Tokenizer::encode(std::string_view text, bool add_special_tokens) const {

@@ -33,6 +33,12 @@ struct Origin {
   [[noreturn]] void fail(const std::string& problem) const;
 };
 
+// Ids index dense per-id tables: one past any real vocabulary (2^24, config.json's vocab_size limit) is a
+// corrupt file, and one past 2^31 would wrap to another token.
+constexpr int64_t kMaxTokenId = (int64_t(1) << 24) - 1;
+// A JSON token id in [0, kMaxTokenId]; otherwise origin.fail naming `what` (the token or key).
+int32_t token_id(const json& v, const Origin& origin, const std::string& what);
+
 // ---- Regex (PCRE2, UTF + UCP, JIT) -------------------------------------------------------------------------
 class Regex {
  public:

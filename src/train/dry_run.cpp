@@ -2,6 +2,7 @@
 #include <cstdio>
 #include <filesystem>
 
+#include "core/backend.h"
 #include "core/error.h"
 #include "io/hf_config.h"
 #include "models/memory.h"
@@ -39,6 +40,7 @@ void dry_run(const Recipe& r, const TrainOptions& options) {
   check_model_files(r);
   ModelConfig config = load_model_config(r.model);
   Tokenizer tokenizer = Tokenizer::load(r.model);
+  check_recipe_fits(r, tokenizer, device);
   TrainData data = load_train_data(r, tokenizer);
 
   std::printf("# resolved recipe (%s)\n%s\n", r.source.string().c_str(), r.resolved_yaml.c_str());
@@ -66,6 +68,8 @@ void dry_run(const Recipe& r, const TrainOptions& options) {
   std::printf("  total             %s%s\n", mib(e.total(r.train.grad_checkpointing)).c_str(),
               r.finetune == Finetune::full ? " (full fine-tuning adds 16 bytes per parameter: grads and AdamW moments)"
                                            : "");
+  const uint64_t available = backend(device).available_bytes();
+  std::printf("  available         %s on %s\n", available ? mib(available).c_str() : "unknown", device.str().c_str());
 }
 
 }  // namespace lmtune

@@ -10,6 +10,7 @@
 #include "core/error.h"
 #include "core/ops.h"
 #include "io/hf_config.h"
+#include "infer/model_checks.h"
 #include "io/peft_adapter.h"
 #include "models/adapters.h"
 #include "models/memory.h"
@@ -98,6 +99,49 @@ void keep_transposed_weights(const Recipe& r, TrainableModel& tm, Device device)
 }
 
 }  // namespace
+
+void check_max_seq_len(const Recipe& r, const ModelConfig& c) {
+  if (r.data.max_seq_len <= c.max_position_embeddings) return;
+  const std::string what = "data.max_seq_len " + std::to_string(r.data.max_seq_len) + " is beyond the model's " +
+                           "max_position_embeddings " + std::to_string(c.max_position_embeddings) + " (" + r.model +
+                           "/config.json)";
+  // A config that scales its rope was meant for other lengths than it was trained at; extending it further is a
+  // deliberate choice. Otherwise positions past the trained ones only extrapolate.
+  if (c.rope.type != RopeType::standard) {
+    spdlog::warn("{}; the model scales its rope ({}), so training goes ahead", what, rope_type_name(c.rope.type));
+    return;
+  }
+  throw ConfigError(what + ": lower data.max_seq_len, or add rope scaling to config.json to extend the context");
+}
+
+uint64_t estimated_training_bytes(const Recipe& r, const ModelConfig& c) {
+  models::TrainingMemoryOptions mo;
+  mo.batch = r.train.batch_size;
+  mo.seq = r.data.max_seq_len;
+  mo.compute_dtype = compute_dtype(r);
+  const bool full = r.finetune == Finetune::full;
+  mo.rank = full ? 0 : r.lora.rank;
+  mo.weight_dtype = full ? DType::f32 : mo.compute_dtype == DType::f32 ? stored_dtype(c) : mo.compute_dtype;
+  const uint64_t e = models::estimate_training_memory(c, mo).total(r.train.grad_checkpointing);
+  return full ? e + 16 * uint64_t(models::parameter_count(c)) : e;  // grads and AdamW moments
+}
+
+void check_training_memory(const Recipe& r, uint64_t estimate, uint64_t available, const std::string& device) {
+  if (available == 0 || estimate <= available) return;
+  throw ConfigError("training needs an estimated " + gib(estimate) + " but " + device + " has " + gib(available) +
+                    " available (train.batch_size " + std::to_string(r.train.batch_size) + " x data.max_seq_len " +
+                    std::to_string(r.data.max_seq_len) + ", lora.rank " + std::to_string(r.lora.rank) +
+                    ", train.grad_checkpointing " + (r.train.grad_checkpointing ? "true" : "false") +
+                    "): lower train.batch_size (raise train.grad_accum to keep the step size) or data.max_seq_len, "
+                    "or turn on train.grad_checkpointing");
+}
+
+void check_recipe_fits(const Recipe& r, const Tokenizer& tokenizer, Device device) {
+  const ModelConfig c = load_model_config(r.model);
+  infer::check_tokenizer_fits(tokenizer, c, r.model);
+  check_max_seq_len(r, c);
+  check_training_memory(r, estimated_training_bytes(r, c), backend(device).available_bytes(), device.str());
+}
 
 void check_model_files(const Recipe& r) {
   namespace fs = std::filesystem;

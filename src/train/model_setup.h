@@ -7,7 +7,9 @@
 
 #include "core/device.h"
 #include "core/dtype.h"
+#include "io/hf_config.h"
 #include "models/decoder.h"
+#include "tokenizer/tokenizer.h"
 #include "train/optimizer.h"
 #include "train/recipe.h"
 
@@ -32,6 +34,16 @@ DType compute_dtype(const Recipe& recipe);
 void check_model_files(const Recipe& recipe);
 // Loads the model and makes its trainable tensors. Throws FileError for missing or bad model files.
 TrainableModel build_trainable_model(const Recipe& recipe, Device device);
+// What the recipe asks of the model and the device, checked before the weights load: the tokenizer's ids fit
+// the embedding, data.max_seq_len is within max_position_embeddings (a warning for rope-scaled models) and the
+// memory estimate within what `device` has. Throws ConfigError naming the keys and values.
+void check_recipe_fits(const Recipe& recipe, const Tokenizer& tokenizer, Device device);
+void check_max_seq_len(const Recipe& recipe, const ModelConfig& config);
+// Weights, adapter (or full fine-tuning) state and activations at train.batch_size x data.max_seq_len.
+uint64_t estimated_training_bytes(const Recipe& recipe, const ModelConfig& config);
+// Throws ConfigError naming the estimate, `available` and the keys behind them when the estimate is larger;
+// available 0 (the backend cannot tell) passes.
+void check_training_memory(const Recipe& recipe, uint64_t estimate, uint64_t available, const std::string& device);
 // The LoRA scale for a rank and alpha: alpha / r, or alpha / sqrt(r) with rsLoRA.
 double lora_scale(int rank, double alpha, bool rslora);
 

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <fstream>
 #include <functional>
+#include <iomanip>
 #include <map>
 #include <set>
 #include <sstream>
@@ -22,7 +23,7 @@ namespace {
 
 std::string number(double v) {
   std::ostringstream s;
-  s << v;
+  s << std::setprecision(10) << v;
   return s.str();
 }
 
@@ -302,6 +303,17 @@ Recipe bind_all(const YAML::Node& root, const std::string& name) {
   b.require_positive("eval.every", r.eval.every, true);
   b.require_positive("eval.batches", r.eval.batches, true);
   b.require_positive("save.every", r.save.every, true);
+  // Sizes beyond any device are refused here; what fits the device is checked against its memory before a run.
+  b.require_range("lora.rank", r.lora.rank, 1, 65536, true);
+  b.require_range("train.batch_size", r.train.batch_size, 1, 65536, true);
+  b.require_range("train.grad_accum", r.train.grad_accum, 1, 65536, true);
+  b.require_range("data.max_seq_len", r.data.max_seq_len, 2, 1 << 24, true);
+  const double tokens = double(r.train.batch_size) * r.data.max_seq_len;
+  if (tokens > double(kMaxMicroBatchTokens) || tokens * r.train.grad_accum > double(kMaxStepTokens))
+    throw ConfigError(name + ": train.batch_size " + std::to_string(r.train.batch_size) + " x data.max_seq_len " +
+                      std::to_string(r.data.max_seq_len) + " x train.grad_accum " +
+                      std::to_string(r.train.grad_accum) + " is beyond " + std::to_string(kMaxMicroBatchTokens) +
+                      " tokens per micro-batch or " + std::to_string(kMaxStepTokens) + " per step");
   b.require_range("lora.dropout", r.lora.dropout, 0, 1, false);
   b.require_range("data.valid_split", r.data.valid_split, 0, 1, false);
   b.require_range("optimizer.momentum", r.optimizer.momentum, 0, 1, false);

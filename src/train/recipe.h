@@ -84,6 +84,11 @@ struct Recipe {
   std::string resolved_yaml;         // the recipe after bases and overrides, for --dry-run and checkpoints
 };
 
+// Tokens per micro-batch (batch_size x max_seq_len) and per optimizer step (x grad_accum) a recipe may ask for:
+// far beyond any device, and low enough that memory estimates cannot overflow.
+constexpr int64_t kMaxMicroBatchTokens = int64_t(1) << 26;
+constexpr int64_t kMaxStepTokens = int64_t(1) << 30;
+
 // Loads `file`, layers it over its `base:` chain (paths relative to the including file), applies overrides
 // ("lora.rank=16", values parsed as YAML scalars or flow sequences) and validates. Throws ConfigError.
 Recipe load_recipe(const std::filesystem::path& file, const std::vector<std::string>& overrides = {});

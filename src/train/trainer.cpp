@@ -125,6 +125,7 @@ TrainSummary train(const Recipe& r, const TrainOptions& options) {
   }
 
   Tokenizer tokenizer = Tokenizer::load(r.model);
+  check_recipe_fits(r, tokenizer, device);
   TrainData data = load_train_data(r, tokenizer);
   if (resume_from && meta.dataset_hash != data.hash)
     throw ConfigError("resume: the training data differs from the data " + resume_from->string() +
@@ -195,6 +196,14 @@ TrainSummary train(const Recipe& r, const TrainOptions& options) {
     } else {
       ++pr.skipped_steps;
       if (!res.overflow) ++pr.consecutive_skips;
+      // Without a loss scaler nothing will change for the next batch: the weights or data are broken. Stop
+      // before anything is saved, so the last good checkpoint and adapter stay as they are.
+      if (!pr.scaler.enabled && !std::isfinite(res.loss))
+        throw Error("training stopped at step " + std::to_string(pr.step) + ": " + res.skip_reason +
+                    " (data epoch " + std::to_string(step_cursor.epoch) + ", samples " +
+                    std::to_string(step_cursor.index) + ".." + std::to_string(pr.cursor.index - 1) +
+                    " of the epoch's order); nothing was saved for this step. Check the model weights and the "
+                    "data, or lower optimizer.lr");
       spdlog::warn("step {}/{} skipped: {} (data epoch {}, samples {}..{} of the epoch's order)", pr.step,
                    r.train.steps, res.skip_reason, step_cursor.epoch, step_cursor.index, pr.cursor.index - 1);
       if (pr.consecutive_skips >= r.train.max_skipped_steps)

@@ -412,6 +412,14 @@ TEST(HfConfig, ErrorsNameTheKey) {
   EXPECT_NE(msg.find("key 'tie_word_embeddings': expected true or false"), std::string::npos) << msg;
   msg = config_error(with(kLlama2_7B, "\"eos_token_id\": 2", "\"eos_token_id\": [2, \"x\"]"));
   EXPECT_NE(msg.find("key 'eos_token_id': expected an integer or a list of integers"), std::string::npos) << msg;
+  // Llama 2 has vocab_size 32000; ids past 2^32 must not wrap into it.
+  for (const char* eos : {"32000", "[2, 4294967298]", "-1", "18446744073709551615"}) {
+    msg = config_error(with(kLlama2_7B, "\"eos_token_id\": 2", std::string("\"eos_token_id\": ") + eos));
+    EXPECT_NE(msg.find("key 'eos_token_id': "), std::string::npos) << msg;
+    EXPECT_NE(msg.find("is outside the vocabulary [0, 32000)"), std::string::npos) << msg;
+  }
+  msg = config_error(with(kGemma3_4B, "\"eos_token_id\": [1, 106]", "\"eos_token_id\": [1, 262208]"));
+  EXPECT_NE(msg.find("key 'eos_token_id': 262208 is outside the vocabulary [0, 262208)"), std::string::npos) << msg;
   msg = config_error("[1, 2]");
   EXPECT_NE(msg.find("config.json: expected a JSON object"), std::string::npos) << msg;
   // Syntax errors are file errors.

@@ -3,7 +3,9 @@
 // parameter counts of real models; the memory estimate.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <fstream>
+#include <limits>
 
 #include "core/autodiff.h"
 #include "core/error.h"
@@ -48,6 +50,29 @@ fs::path rewrite_fixture(const std::string& arch, const std::string& out_name,
 
 std::string keep(const std::string& n) { return n; }
 
+// Copies a single-file fixture with tensor `name` stored as `dtype` and `edit` applied to its values first.
+fs::path rewrite_tensor(const std::string& arch, const std::string& out_name, const std::string& name, StDType dtype,
+                        const std::function<void(std::vector<float>&)>& edit) {
+  fs::path dir = temp_dir(out_name);
+  fs::copy_file(fixture_dir(arch) / "config.json", dir / "config.json");
+  SafetensorsFile in(fixture_dir(arch) / "model.safetensors");
+  std::vector<TensorToWrite> out;
+  std::vector<std::byte> bytes;
+  for (const SafetensorsTensor& t : in.tensors()) {
+    if (t.name != name) {
+      out.push_back({t.name, t.st_dtype, t.shape, t.data});
+      continue;
+    }
+    std::vector<float> v = t.to_f32();
+    edit(v);
+    if (auto lm = to_lmtune_dtype(dtype)) bytes = convert_from_f32(v, *lm);
+    else bytes.assign(size_t(t.numel()) * st_dtype_bits(dtype) / 8, std::byte{1});  // integer or bool flags
+    out.push_back({t.name, dtype, t.shape, bytes});
+  }
+  write_safetensors(dir / "model.safetensors", out);
+  return dir;
+}
+
 template <class E>
 std::string error_of(const std::function<void()>& f) {
   try {
@@ -79,6 +104,39 @@ TEST(Weights, WrongShapeNamesTensorAndShapes) {
   EXPECT_NE(msg.find(name), std::string::npos) << msg;
   EXPECT_NE(msg.find("[32, 16]"), std::string::npos) << msg;
   EXPECT_NE(msg.find("[16, 32]"), std::string::npos) << msg;
+}
+
+TEST(Weights, IntegerOrBoolDtypeNamesTensorAndFile) {
+  const std::string name = "model.layers.0.mlp.down_proj.weight";
+  for (StDType dt : {StDType::I32, StDType::U32, StDType::I8, StDType::BOOL}) {
+    fs::path dir = rewrite_tensor("llama", "int_dtype", name, dt, [](std::vector<float>&) {});
+    std::string msg = error_of<FileError>([&] { load_decoder(dir, DType::f32, DType::f32, Device::cpu()); });
+    EXPECT_NE(msg.find(name), std::string::npos) << msg;
+    EXPECT_NE(msg.find("model.safetensors"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("dtype " + std::string(st_dtype_name(dt))), std::string::npos) << msg;
+  }
+}
+
+TEST(Weights, NonFiniteValuesNameTensorCountAndFirstIndex) {
+  const std::string name = "model.layers.1.self_attn.v_proj.weight";
+  for (StDType dt : {StDType::F32, StDType::F16, StDType::BF16}) {
+    fs::path dir = rewrite_tensor("llama", "nonfinite", name, dt, [](std::vector<float>& v) {
+      v[300] = std::numeric_limits<float>::infinity();
+      v[7] = std::nanf("");
+      v[v.size() - 1] = -std::numeric_limits<float>::infinity();
+    });
+    for (DType to : {DType::f32, DType::bf16}) {
+      std::string msg = error_of<FileError>([&] { load_decoder(dir, to, DType::f32, Device::cpu()); });
+      EXPECT_NE(msg.find(name), std::string::npos) << msg;
+      EXPECT_NE(msg.find("model.safetensors"), std::string::npos) << msg;
+      EXPECT_NE(msg.find("holds 3 non-finite value(s)"), std::string::npos) << msg;
+      EXPECT_NE(msg.find("first at element 7"), std::string::npos) << msg;
+    }
+  }
+  // The largest finite values are fine.
+  fs::path dir = rewrite_tensor("llama", "large_finite", name, StDType::F32,
+                                [](std::vector<float>& v) { v[0] = std::numeric_limits<float>::max(); });
+  EXPECT_NO_THROW(load_decoder(dir, DType::f32, DType::f32, Device::cpu()));
 }
 
 TEST(Weights, UnknownModelTypeIsAConfigError) {

@@ -2,6 +2,9 @@
 // hand-written tokenizers exercising components the real fixtures do not use.
 #include <gtest/gtest.h>
 
+#include <filesystem>
+#include <fstream>
+
 #include "core/error.h"
 #include "tokenizer/tokenizer.h"
 
@@ -40,6 +43,66 @@ TEST(TokenizerErrors, MalformedFilesNameTheProblem) {
                 .find("bad regex"),
             std::string::npos);
   EXPECT_THROW(Tokenizer::load("/nonexistent/tokenizer.json"), FileError);
+}
+
+std::string with_vocab(const std::string& vocab, const std::string& added = "[]") {
+  return R"({"model": {"type": "BPE", "vocab": )" + vocab + R"(, "merges": []}, "added_tokens": )" + added + "}";
+}
+
+std::string added_token(const std::string& id, const std::string& content) {
+  return R"({"id": )" + id + R"(, "content": ")" + content + R"(", "special": true})";
+}
+
+TEST(TokenizerErrors, IdsOutsideTheIdRangeNameTheToken) {
+  for (const char* id : {"4294967297", "2147483648", "-1", "16777216", "18446744073709551615"}) {
+    std::string msg = error_of(with_vocab(std::string(R"({"a": 0, "b": )") + id + "}"));
+    EXPECT_NE(msg.find("bad.json: model.vocab: token 'b': id " + std::string(id) + " is outside [0, 16777215]"),
+              std::string::npos) << msg;
+    msg = error_of(with_vocab(R"({"a": 0})", "[" + added_token(id, "<x>") + "]"));
+    EXPECT_NE(msg.find("bad.json: added_tokens[0]: token '<x>': id " + std::string(id) + " is outside"),
+              std::string::npos) << msg;
+  }
+}
+
+TEST(TokenizerErrors, TwoTokensWithOneIdAreRefused) {
+  std::string msg = error_of(with_vocab(R"({"a": 0, "b": 1, "c": 1})"));
+  EXPECT_NE(msg.find("bad.json: model.vocab: tokens '"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("have the same id 1"), std::string::npos) << msg;
+  msg = error_of(with_vocab(R"({"a": 0, "b": 1})", "[" + added_token("1", "<x>") + "]"));
+  EXPECT_NE(msg.find("bad.json: added_tokens[0]: token '<x>' has id 1, already the id of 'b' in model.vocab"),
+            std::string::npos) << msg;
+  msg = error_of(with_vocab(R"({"a": 0})", "[" + added_token("2", "<x>") + ", " + added_token("2", "<y>") + "]"));
+  EXPECT_NE(msg.find("bad.json: added_tokens[1]: token '<y>' has id 2, already the id of '<x>' in added_tokens"),
+            std::string::npos) << msg;
+  // An added token may repeat its own vocab entry, as HF files do for <s> and </s>.
+  auto t = Tokenizer::from_json_string(with_vocab(R"({"a": 0, "<s>": 1})", "[" + added_token("1", "<s>") + "]"));
+  EXPECT_EQ(t.token_to_id("<s>"), 1);
+  EXPECT_TRUE(t.is_special(1));
+}
+
+TEST(TokenizerErrors, GenerationConfigIdsOutsideTheVocabulary) {
+  const std::filesystem::path dir = std::filesystem::path(LMTUNE_BINARY_DIR) / "test_tokenizer_tmp" / "gen_ids";
+  std::filesystem::create_directories(dir);
+  std::ofstream(dir / "tokenizer.json") << with_vocab(R"({"a": 0, "b": 1, "</s>": 2})");
+  auto message = [&](const std::string& gen) {
+    std::ofstream(dir / "generation_config.json", std::ios::trunc) << gen;
+    try {
+      Tokenizer::load(dir);
+    } catch (const ConfigError& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  const std::string file = (dir / "generation_config.json").string();
+  for (const char* id : {"3", "-1", "4294967298", "[2, 4294967296]"}) {
+    std::string msg = message(std::string(R"({"eos_token_id": )") + id + "}");
+    EXPECT_NE(msg.find(file + ": eos_token_id "), std::string::npos) << msg;
+    EXPECT_NE(msg.find("is outside the tokenizer's vocabulary [0, 3)"), std::string::npos) << msg;
+  }
+  std::string msg = message(R"({"bos_token_id": 4294967296})");
+  EXPECT_NE(msg.find(file + ": bos_token_id 4294967296 is outside"), std::string::npos) << msg;
+  EXPECT_EQ(message(R"({"eos_token_id": [2], "bos_token_id": 0})"), "no error");
+  EXPECT_EQ(Tokenizer::load(dir).eos_ids(), std::vector<int32_t>{2});
 }
 
 TEST(TokenizerComponents, UnknownTokensAndFuseUnk) {

@@ -5,6 +5,8 @@
 
 #include <csignal>
 
+#include <nlohmann/json.hpp>
+
 #include "io/atomic_file.h"
 #include "train/metrics.h"
 #include "train_test_util.h"
@@ -121,7 +123,28 @@ TEST(TrainCli, BadInputsFailCleanlyWithoutCheckpoints) {
   const fs::path masked = run.dir.write(
       "masked.jsonl", "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}]}\n"
                       "{\"messages\": [{\"role\": \"system\", \"content\": \"x\"}, {\"role\": \"user\", \"content\": \"y\"}]}\n");
+  const fs::path small_vocab = run.dir.path / "small_vocab";
+  fs::create_directories(small_vocab);
+  for (const char* f : {"tokenizer.json", "model.safetensors"}) fs::copy_file(run.model / f, small_vocab / f);
+  nlohmann::json config = nlohmann::json::parse(read_file_text(run.model / "config.json"));
+  ASSERT_EQ(config["vocab_size"], 259);
+  config["vocab_size"] = 200;
+  config["eos_token_id"] = 2;  // the byte tokenizer's is past 200, which config.json's own check refuses
+  write_file_atomic(small_vocab / "config.json", config.dump());
   const std::vector<Case> cases = {
+      {"tokenizer beyond the embedding", "the tokenizer has 259 ids but config.json's vocab_size is 200",
+       [&](const fs::path& s) {
+         return std::vector<std::string>{"train", run.write_recipe(s).string(), "model=" + small_vocab.string()};
+       }},
+      {"context beyond positions", "data.max_seq_len 1024 is beyond the model's max_position_embeddings 512",
+       [&](const fs::path& s) {
+         return std::vector<std::string>{"train", run.write_recipe(s).string(), "data.max_seq_len=1024"};
+       }},
+      // ~2^25 tokens with rank-65536 adapters on every projection: terabytes of activations on any machine.
+      {"beyond memory", "training needs an estimated", [&](const fs::path& s) {
+         return std::vector<std::string>{"train", run.write_recipe(s).string(), "train.batch_size=65536",
+                                         "data.max_seq_len=512", "lora.rank=65536"};
+       }},
       {"unknown key", "unknown key 'train.stpes'", [&](const fs::path& s) {
          return std::vector<std::string>{"train", run.write_recipe(s).string(), "train.stpes=3"};
        }},

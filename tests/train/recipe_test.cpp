@@ -85,6 +85,25 @@ TEST(Recipe, NonFiniteAndOutOfRangeValues) {
   EXPECT_NE(e.find("key 'lora.rank' is set twice"), std::string::npos) << e;
 }
 
+// Sizes no device could hold are refused by the parser, before any data or model is read.
+TEST(Recipe, AbsurdSizesAreRefused) {
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"lora.rank=1000000", "'lora.rank' must be in [1, 65536]"},
+      {"train.batch_size=1000000000", "'train.batch_size' must be in [1, 65536]"},
+      {"data.max_seq_len=1000000000", "'data.max_seq_len' must be in [2, 16777216]"},
+      {"train.grad_accum=100000", "'train.grad_accum' must be in [1, 65536]"},
+  };
+  for (const auto& [item, want] : cases) {
+    const std::string e = error_of(kMinimal, {item});
+    EXPECT_NE(e.find(want), std::string::npos) << item << ": " << e;
+  }
+  const std::string e = error_of(kMinimal, {"train.batch_size=65536", "data.max_seq_len=16777216"});
+  EXPECT_NE(e.find("train.batch_size 65536 x data.max_seq_len 16777216 x train.grad_accum 1 is beyond 67108864 "
+                   "tokens per micro-batch"), std::string::npos) << e;
+  EXPECT_NE(error_of(kMinimal, {"train.batch_size=4096", "data.max_seq_len=16384", "train.grad_accum=64"}), "");
+  EXPECT_EQ(error_of(kMinimal, {"train.batch_size=65536", "data.max_seq_len=1024", "lora.rank=65536"}), "");
+}
+
 TEST(Recipe, BaseFilesLayer) {
   auto dir = std::filesystem::temp_directory_path() / "lmtune_recipe_test";
   std::filesystem::create_directories(dir / "configs");

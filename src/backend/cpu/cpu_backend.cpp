@@ -5,10 +5,14 @@
 #include <condition_variable>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <mutex>
 #include <new>
+#include <string>
 #include <thread>
 #include <vector>
+
+#include <unistd.h>
 
 #include "core/error.h"
 
@@ -48,6 +52,15 @@ class CpuBuffer final : public Buffer {
   void* data_ = nullptr;
 };
 
+// MemAvailable from /proc/meminfo (what the kernel can give without swapping), else the free physical pages.
+size_t host_available_bytes() {
+  std::ifstream in("/proc/meminfo");
+  for (std::string line; std::getline(in, line);)
+    if (line.rfind("MemAvailable:", 0) == 0) return size_t(std::strtoull(line.c_str() + 13, nullptr, 10)) * 1024;
+  const long pages = ::sysconf(_SC_AVPHYS_PAGES), page = ::sysconf(_SC_PAGESIZE);
+  return pages > 0 && page > 0 ? size_t(pages) * size_t(page) : 0;
+}
+
 class CpuBackend final : public Backend {
  public:
   Device device() const override { return Device::cpu(); }
@@ -62,6 +75,7 @@ class CpuBackend final : public Backend {
   size_t bytes_in_use() const override { return usage_.in_use; }
   size_t peak_bytes() const override { return usage_.peak; }
   void reset_peak() override { usage_.peak = usage_.in_use.load(); }
+  size_t available_bytes() const override { return host_available_bytes(); }
 
  private:
   Usage usage_;

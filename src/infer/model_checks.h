@@ -1,0 +1,19 @@
+// Checks where a model directory's tokenizer, config.json and what a command asks of them meet.
+#pragma once
+#include <cstdint>
+#include <string>
+
+#include "io/hf_config.h"
+#include "tokenizer/tokenizer.h"
+
+namespace lmtune::infer {
+
+// Every tokenizer id must have an embedding row: throws ConfigError naming both sizes when the tokenizer's
+// vocabulary (highest id + 1) is larger than config.json's vocab_size. A larger embedding is fine (padded rows).
+void check_tokenizer_fits(const Tokenizer& tokenizer, const ModelConfig& config, const std::string& model_dir);
+
+// Warns (as transformers and llama.cpp do) when prompt + max_tokens passes max_position_embeddings: positions past
+// the trained context still run, but the text degrades.
+void warn_past_context(const ModelConfig& config, int64_t prompt_tokens, int64_t max_tokens);
+
+}  // namespace lmtune::infer
