@@ -19,7 +19,8 @@ void add_model_options(CLI::App& cmd, ModelArgs& a) {
                                           "(repeatable)");
   cmd.add_option("--dtype", a.dtype, "weight dtype on the device: auto | f32 | f16 | bf16 "
                                      "(auto: f32 on the CPU, the checkpoint's dtype on Vulkan)");
-  cmd.add_option("--compute-dtype", a.compute_dtype, "activation dtype: f32 | f16 | bf16 | auto (the weights' dtype)");
+  cmd.add_option("--compute-dtype", a.compute_dtype,
+                 "activation dtype: f32 | f16 | bf16 | auto (the weights' dtype)");
 }
 
 models::Decoder load_base_model(const ModelArgs& a) {

@@ -187,9 +187,10 @@ bool is16(DType t) { return t == DType::f16 || t == DType::bf16; }
 
 constexpr uint64_t kGemvMaxRows = 4;
 
-// Whether matmul_gemv takes the product (on a device with subgroup arithmetic): A's rows (its batch dims folded in, B broadcast over them) at most
-// kGemvMaxRows with one row stride, B a weight [N, K] stored row-major (the `nt` layout), K and every offset and
-// stride a multiple of 8 (its 16-byte loads). Sets gemv_rows and gemv_row_stride.
+// Whether matmul_gemv takes the product (on a device with subgroup arithmetic): A's rows (its batch dims folded
+// in, B broadcast over them) at most kGemvMaxRows with one row stride, B a weight [N, K] stored row-major (the
+// `nt` layout), K and every offset and stride a multiple of 8 (its 16-byte loads). Sets gemv_rows and
+// gemv_row_stride.
 bool gemv_takes(MatmulPlan& p, const Tensor& a, const Tensor& b, int64_t a_rs, int64_t a_cs, int64_t b_rs,
                 int64_t b_cs, const std::vector<BatchDim>& batch) {
   if (a_cs != 1 || b_rs != 1 || p.K % 8 != 0 || batch.size() > 1 || div_up(p.N, 4) > 65535) return false;
@@ -241,7 +242,8 @@ std::optional<MatmulPlan> plan_matmul(Context& ctx, const Tensor& a, const Tenso
     if (s < 0) throw ShapeError("matmul: negative strides reach the Vulkan kernel; make the operand contiguous");
   p.ta = a_cs != 1 && a_rs == 1, p.tb = b_cs != 1 && b_rs == 1;
 
-  if (!acc && !lr && kc.automatic_matmul() && ctx.features().subgroup_arithmetic && gemv_takes(p, a, b, a_rs, a_cs, b_rs, b_cs, fold_batch(a, b, c))) {
+  if (!acc && !lr && kc.automatic_matmul() && ctx.features().subgroup_arithmetic &&
+      gemv_takes(p, a, b, a_rs, a_cs, b_rs, b_cs, fold_batch(a, b, c))) {
     p.route = MatmulRoute::gemv;
     p.kernel = variant(ctx, "matmul_gemv");
     return p;
