@@ -21,7 +21,26 @@ namespace {
 
 void silence_hdf5() {
   static std::once_flag once;
-  std::call_once(once, [] { H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr); });
+  std::call_once(once, [] {
+    // A file whose close failed (a full disk while flushing) stays registered half torn down, and HDF5's
+    // clean-up at exit crashes closing it again. Every Hdf5File closes itself, so that clean-up is not needed;
+    // this must precede the library's initialization, which the next call performs.
+    H5dont_atexit();
+    H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
+  });
+}
+
+// HDF5's file-driver messages run over several lines with the time, descriptor and buffer addresses; keep the
+// operation and the system's reason: "file write failed: No space left on device".
+std::string tidy_hdf5_message(std::string desc) {
+  const std::string key = "error message = '";
+  if (const size_t at = desc.find(key); at != std::string::npos) {
+    const size_t end = desc.find('\'', at + key.size());
+    const std::string reason = desc.substr(at + key.size(), end == std::string::npos ? end : end - at - key.size());
+    desc = desc.substr(0, desc.find_first_of(":,")) + ": " + reason;
+  }
+  std::replace(desc.begin(), desc.end(), '\n', ' ');
+  return desc;
 }
 
 // The most specific message on HDF5's error stack (the innermost frame), then clears the stack.
@@ -35,7 +54,7 @@ std::string hdf5_error_text() {
       },
       &text);
   H5Eclear2(H5E_DEFAULT);
-  return text.empty() ? "HDF5 call failed" : text;
+  return text.empty() ? "HDF5 call failed" : tidy_hdf5_message(text);
 }
 
 std::string normalize(const std::string& object) {
@@ -605,6 +624,10 @@ void save_hdf5_atomic(const fs::path& path, const std::function<void(Hdf5File&)>
     fill(f);
     f.close();
     atomic_rename(tmp, path);
+  } catch (const FileError& e) {
+    std::error_code ec;
+    fs::remove(tmp, ec);
+    throw FileError(path.string() + ": not written, any previous version is kept: " + e.what());
   } catch (...) {
     std::error_code ec;
     fs::remove(tmp, ec);

@@ -79,6 +79,9 @@ MetricsLog::MetricsLog(const fs::path& save_dir, int64_t keep_through_step)
 }
 
 MetricsLog::~MetricsLog() {
+  // After a failed write (a full disk) closing fails too, repeating the error already reported; the
+  // destructor of h5_ closes quietly instead.
+  if (h5_failed_) return;
   try {
     if (h5_) h5_->close();
   } catch (const Error& e) {
@@ -105,8 +108,13 @@ void MetricsLog::log(const std::string& group, int64_t step, const MetricValues&
   jsonl_.flush();
   // A full disk must stop the run with its cause, not lose rows silently.
   if (!jsonl_) throw FileError(jsonl_path_.string() + ": write failed: " + std::strerror(errno));
-  append_h5(*h5_, group, step, values);
-  h5_->flush();
+  try {
+    append_h5(*h5_, group, step, values);
+    h5_->flush();
+  } catch (const Error&) {
+    h5_failed_ = true;
+    throw;
+  }
 }
 
 }  // namespace lmtune

@@ -33,6 +33,7 @@ class MetricsLog {
   std::filesystem::path jsonl_path_, h5_path_;
   std::ofstream jsonl_;
   std::unique_ptr<Hdf5File> h5_;
+  bool h5_failed_ = false;
 };
 
 // One row as read back from metrics.jsonl ("split", "step" and the metrics).

@@ -4,7 +4,15 @@
 
 #include <gtest/gtest.h>
 
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <csignal>
+#include <cstdio>
 #include <fstream>
+#include <functional>
 
 #include "io/atomic_file.h"
 #include "io/io_test_util.h"
@@ -256,6 +264,57 @@ TEST(Hdf5File, SealDetectsDamagedDataAndAttributes) {
   save_hdf5_atomic(plain, [&](Hdf5File& f) { f.write("w", w, {64}); });
   msg = file_error_message([&] { Hdf5File::open(plain).verify_seal(); });
   EXPECT_NE(msg.find("plain.h5: not sealed"), std::string::npos) << msg;
+}
+
+// What a full disk does to the writers, in a child process whose files may not grow past 16 KiB (RLIMIT_FSIZE with
+// SIGXFSZ ignored: writes fail with EFBIG, as with ENOSPC). Returns 0 when every failure was a clean FileError
+// naming the file and the cause, else a bit per failed expectation.
+int full_disk_writes(const TempDir& dir) {
+  int bad = 0;
+  auto expect_clean = [&](int bit, const std::string& file, const std::function<void()>& f) {
+    try {
+      f();
+      bad |= bit;
+    } catch (const FileError& e) {
+      const std::string msg = e.what();
+      if (msg.find(file) == std::string::npos || msg.find("File too large") == std::string::npos) bad |= bit;
+      if (std::count(msg.begin(), msg.end(), '\n') != 0) bad |= bit;
+      std::fprintf(stderr, "%s\n", msg.c_str());
+    }
+  };
+  expect_clean(1, "a.h5", [&] {
+    save_hdf5_atomic(dir / "a.h5", [](Hdf5File& f) { f.write("big", std::vector<float>(20000, 1.0f), {20000}); });
+  });
+  for (const auto& e : std::filesystem::directory_iterator(dir.path()))
+    if (e.path().filename().string().find(".tmp.") != std::string::npos) bad |= 2;  // the temporary is removed
+  expect_clean(4, "m.h5", [&] {
+    Hdf5File f = Hdf5File::create(dir / "m.h5");
+    f.create_appendable<float>("x", 256);
+    for (int i = 0; i < 1000; ++i) {
+      f.append<float>("x", std::vector<float>(64, 1.0f));
+      f.flush();
+    }
+  });
+  return bad;
+}
+
+TEST(Hdf5File, FullDiskFailsCleanlyAndTheProcessExitsNormally) {
+  TempDir dir;
+  const pid_t pid = ::fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    std::signal(SIGXFSZ, SIG_IGN);
+    const rlimit limit{16384, 16384};
+    if (::setrlimit(RLIMIT_FSIZE, &limit) != 0) std::_Exit(99);
+    // exit(), not _Exit(): HDF5's own clean-up at exit is where a mishandled failure used to crash.
+    std::exit(10 + full_disk_writes(dir));
+  }
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  ASSERT_FALSE(WIFSIGNALED(status)) << "child killed by signal " << WTERMSIG(status);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_NE(WEXITSTATUS(status), 99) << "setrlimit failed";
+  EXPECT_EQ(WEXITSTATUS(status), 10) << "failed expectations (bits): " << WEXITSTATUS(status) - 10;
 }
 
 }  // namespace

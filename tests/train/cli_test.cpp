@@ -273,3 +273,31 @@ TEST(TrainCli, TemporariesOfKilledWritesAreRemoved) {
   ASSERT_EQ(r.exit_code, 0) << r.output;
   for (const fs::path& p : stale) EXPECT_FALSE(fs::exists(p)) << p;
 }
+
+TEST(TrainCli, FullDiskStopsWithAnErrorNotACrash) {
+  CliRun run;
+  // Files may not grow past 24 KiB: metrics.h5 (34 KiB after a few rows) is the first to fail.
+  const fs::path fresh = run.dir.path / "fresh";
+  ChildResult r = run_lmtune({"train", run.write_recipe(fresh).string(), "train.steps=3"}, {}, 24 << 10);
+  EXPECT_EQ(r.signal, 0) << r.output;
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find((fresh / "metrics.h5").string() + ": /: flush failed: file write failed: File too large"),
+            std::string::npos)
+      << r.output;
+  EXPECT_EQ(r.output.find("[warning]"), std::string::npos) << r.output;
+
+  // 64 KiB: the checkpoint (94 KiB) fails; the earlier checkpoints and the adapter stay as they were.
+  const fs::path save = run.dir.path / "resumed";
+  r = run_lmtune({"train", run.write_recipe(save).string(), "train.steps=2", "save.every=1"});
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const auto before = snapshot(save / "checkpoints");
+  const std::string adapter = read_file_text(save / "adapter/adapter_model.safetensors");
+  r = run_lmtune({"train", run.recipe.string(), "train.steps=3", "save.every=1", "resume=true"}, {}, 64 << 10);
+  EXPECT_EQ(r.signal, 0) << r.output;
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find((checkpoint_dir(save) / "step-3.h5").string() + ": not written"), std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("File too large"), std::string::npos) << r.output;
+  EXPECT_TRUE(snapshot(save / "checkpoints") == before) << "checkpoints changed, or a temporary file was left";
+  EXPECT_TRUE(read_file_text(save / "adapter/adapter_model.safetensors") == adapter) << "adapter changed";
+}
