@@ -7,6 +7,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <array>
 #include <atomic>
 #include <cerrno>
 #include <cstring>
@@ -154,6 +155,26 @@ Container read_whole(const fs::path& path) {
 }
 
 }  // namespace
+
+namespace {
+
+constexpr std::array<uint32_t, 256> kCrcTable = [] {
+  std::array<uint32_t, 256> t{};
+  for (uint32_t i = 0; i < 256; ++i) {
+    uint32_t c = i;
+    for (int k = 0; k < 8; ++k) c = (c & 1) ? 0xEDB88320u ^ (c >> 1) : c >> 1;
+    t[i] = c;
+  }
+  return t;
+}();
+
+}  // namespace
+
+uint32_t crc32(std::span<const std::byte> bytes, uint32_t crc) {
+  crc = ~crc;
+  for (std::byte b : bytes) crc = kCrcTable[(crc ^ uint32_t(b)) & 0xFFu] ^ (crc >> 8);
+  return ~crc;
+}
 
 std::string read_file_text(const fs::path& path) { return read_whole<std::string>(path); }
 std::vector<std::byte> read_file_bytes(const fs::path& path) { return read_whole<std::vector<std::byte>>(path); }

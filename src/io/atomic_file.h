@@ -1,8 +1,9 @@
 // File helpers shared by every lmtune writer and reader: atomic replacement of a file (a crash or a full disk
-// leaves either the old file or the new one, never a torn mix), whole-file reads, and read-only memory maps.
-// All failures throw FileError("<path>: <problem>").
+// leaves either the old file or the new one, never a torn mix), whole-file reads, read-only memory maps and a
+// CRC-32 for checksums stored inside files. All failures throw FileError("<path>: <problem>").
 #pragma once
 #include <cstddef>
+#include <cstdint>
 #include <filesystem>
 #include <span>
 #include <string>
@@ -48,6 +49,9 @@ std::filesystem::path temp_path_next_to(const std::filesystem::path& path);
 void atomic_rename(const std::filesystem::path& from, const std::filesystem::path& to);
 // fsync of a file or directory by path.
 void fsync_path(const std::filesystem::path& path);
+
+// CRC-32 (IEEE 802.3, the same value as zlib's crc32) of `bytes`, continuing from `crc` (0 to start).
+uint32_t crc32(std::span<const std::byte> bytes, uint32_t crc = 0);
 
 std::string read_file_text(const std::filesystem::path& path);
 std::vector<std::byte> read_file_bytes(const std::filesystem::path& path);

@@ -6,6 +6,7 @@
 #include <hdf5.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <mutex>
 
 #include "core/error.h"
@@ -20,7 +21,26 @@ namespace {
 
 void silence_hdf5() {
   static std::once_flag once;
-  std::call_once(once, [] { H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr); });
+  std::call_once(once, [] {
+    // A file whose close failed (a full disk while flushing) stays registered half torn down, and HDF5's
+    // clean-up at exit crashes closing it again. Every Hdf5File closes itself, so that clean-up is not needed;
+    // this must precede the library's initialization, which the next call performs.
+    H5dont_atexit();
+    H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
+  });
+}
+
+// HDF5's file-driver messages run over several lines with the time, descriptor and buffer addresses; keep the
+// operation and the system's reason: "file write failed: No space left on device".
+std::string tidy_hdf5_message(std::string desc) {
+  const std::string key = "error message = '";
+  if (const size_t at = desc.find(key); at != std::string::npos) {
+    const size_t end = desc.find('\'', at + key.size());
+    const std::string reason = desc.substr(at + key.size(), end == std::string::npos ? end : end - at - key.size());
+    desc = desc.substr(0, desc.find_first_of(":,")) + ": " + reason;
+  }
+  std::replace(desc.begin(), desc.end(), '\n', ' ');
+  return desc;
 }
 
 // The most specific message on HDF5's error stack (the innermost frame), then clears the stack.
@@ -34,7 +54,7 @@ std::string hdf5_error_text() {
       },
       &text);
   H5Eclear2(H5E_DEFAULT);
-  return text.empty() ? "HDF5 call failed" : text;
+  return text.empty() ? "HDF5 call failed" : tidy_hdf5_message(text);
 }
 
 std::string normalize(const std::string& object) {
@@ -298,7 +318,7 @@ H5ElemType Hdf5File::elem_type(const std::string& dataset) const {
 }
 
 template <H5Element T>
-std::vector<T> Hdf5File::read(const std::string& dataset, Shape* shape_out) const {
+std::vector<T> Hdf5File::read_unchecked(const std::string& dataset, Shape* shape_out) const {
   std::string p = normalize(dataset);
   H5ElemType stored = elem_type(p);
   if (stored != TypeOf<T>::elem)
@@ -310,6 +330,37 @@ std::vector<T> Hdf5File::read(const std::string& dataset, Shape* shape_out) cons
   if (!out.empty() && H5Dread(ds.get(), TypeOf<T>::mem(), H5S_ALL, H5S_ALL, H5P_DEFAULT, out.data()) < 0)
     LMTUNE_H5_FAIL("dataset '" + p + "'", "read failed (damaged file?)");
   if (shape_out) *shape_out = std::move(s);
+  return out;
+}
+
+namespace {
+
+constexpr const char* kCrcAttr = "crc32";
+constexpr const char* kAttrsCrcAttr = "attrs_crc32";
+
+template <class T>
+uint32_t crc_of(const std::vector<T>& v) {
+  return crc32(std::as_bytes(std::span<const T>(v)));
+}
+
+std::string hex32(uint32_t v) {
+  char buf[16];
+  std::snprintf(buf, sizeof buf, "0x%08x", v);
+  return buf;
+}
+
+}  // namespace
+
+template <H5Element T>
+std::vector<T> Hdf5File::read(const std::string& dataset, Shape* shape_out) const {
+  std::string p = normalize(dataset);
+  std::vector<T> out = read_unchecked<T>(p, shape_out);
+  if (has_attr(p, kCrcAttr)) {
+    const auto stored = uint32_t(attr_int(p, kCrcAttr));
+    if (const uint32_t actual = crc_of(out); actual != stored)
+      throw FileError(path_.string() + ": dataset '" + p + "': checksum mismatch (crc32 stored " + hex32(stored) +
+                      ", data gives " + hex32(actual) + "): the file is damaged");
+  }
   return out;
 }
 
@@ -462,6 +513,95 @@ int64_t Hdf5File::attr_int(const std::string& object, const std::string& name) c
   return v;
 }
 
+// ---- integrity seal ----
+
+uint32_t Hdf5File::dataset_crc(const std::string& dataset) const {
+  switch (elem_type(dataset)) {
+    case H5ElemType::f32: return crc_of(read_unchecked<float>(dataset, nullptr));
+    case H5ElemType::i32: return crc_of(read_unchecked<int32_t>(dataset, nullptr));
+    case H5ElemType::i64: return crc_of(read_unchecked<int64_t>(dataset, nullptr));
+    case H5ElemType::u8: return crc_of(read_unchecked<uint8_t>(dataset, nullptr));
+    case H5ElemType::u16: return crc_of(read_unchecked<uint16_t>(dataset, nullptr));
+  }
+  return 0;
+}
+
+std::vector<std::string> Hdf5File::all_objects() const {
+  std::vector<std::string> out{"/"};
+  for (size_t i = 0; i < out.size(); ++i) {
+    if (i > 0 && is_dataset(out[i])) continue;
+    const std::string prefix = out[i] == "/" ? "/" : out[i] + "/";
+    for (const std::string& name : list(out[i])) out.push_back(prefix + name);
+  }
+  return out;
+}
+
+// "<object>@<name>=<value>" lines for every attribute but the checksums; numbers as exact text.
+std::string Hdf5File::attributes_text(const std::string& object) const {
+  LMTUNE_OPEN_OBJECT(obj, object);
+  std::vector<std::string> names;
+  hsize_t idx = 0;
+  herr_t rc = H5Aiterate2(
+      obj.get(), H5_INDEX_NAME, H5_ITER_INC, &idx,
+      [](hid_t, const char* name, const H5A_info_t*, void* out) -> herr_t {
+        static_cast<std::vector<std::string>*>(out)->emplace_back(name);
+        return 0;
+      },
+      &names);
+  if (rc < 0) LMTUNE_H5_FAIL(object, "cannot list attributes");
+  std::string text;
+  for (const std::string& name : names) {
+    if (name == kCrcAttr || name == kAttrsCrcAttr) continue;
+    Handle attr(H5Aopen(obj.get(), name.c_str(), H5P_DEFAULT), H5Aclose);
+    Handle type(attr.ok() ? H5Aget_type(attr.get()) : -1, H5Tclose);
+    if (!type.ok()) LMTUNE_H5_FAIL("attribute '" + name + "' on '" + object + "'", "cannot open");
+    std::string value;
+    switch (H5Tget_class(type.get())) {
+      case H5T_STRING: value = attr_string(object, name); break;
+      case H5T_INTEGER: value = std::to_string(attr_int(object, name)); break;
+      case H5T_FLOAT: {
+        char buf[64];
+        std::snprintf(buf, sizeof buf, "%a", attr_double(object, name));
+        value = buf;
+        break;
+      }
+      default: value = "?";
+    }
+    text += object + "@" + name + "=" + value + "\n";
+  }
+  return text;
+}
+
+uint32_t Hdf5File::attributes_crc() const {
+  uint32_t crc = 0;
+  for (const std::string& object : all_objects()) {
+    const std::string text = attributes_text(object);
+    crc = crc32(std::as_bytes(std::span(text)), crc);
+  }
+  return crc;
+}
+
+void Hdf5File::seal() {
+  for (const std::string& object : all_objects())
+    if (is_dataset(object)) set_attr(object, kCrcAttr, int64_t(dataset_crc(object)));
+  set_attr("/", kAttrsCrcAttr, int64_t(attributes_crc()));
+}
+
+void Hdf5File::verify_seal() const {
+  if (!has_attr("/", kAttrsCrcAttr)) throw FileError(path_.string() + ": not sealed (no attribute 'attrs_crc32')");
+  for (const std::string& object : all_objects()) {
+    if (!is_dataset(object)) continue;
+    if (!has_attr(object, kCrcAttr))
+      throw FileError(path_.string() + ": dataset '" + object + "' has no checksum (attribute 'crc32'): damaged");
+    if (const auto stored = uint32_t(attr_int(object, kCrcAttr)), actual = dataset_crc(object); actual != stored)
+      throw FileError(path_.string() + ": dataset '" + object + "': checksum mismatch (crc32 stored " +
+                      hex32(stored) + ", data gives " + hex32(actual) + "): the file is damaged");
+  }
+  if (const auto stored = uint32_t(attr_int("/", kAttrsCrcAttr)), actual = attributes_crc(); actual != stored)
+    throw FileError(path_.string() + ": attributes: checksum mismatch (attrs_crc32 stored " + hex32(stored) +
+                    ", attributes give " + hex32(actual) + "): the file is damaged");
+}
+
 // ---- explicit instantiations for the supported element types ----
 
 #define LMTUNE_H5_INSTANTIATE(T)                                                                     \
@@ -484,6 +624,10 @@ void save_hdf5_atomic(const fs::path& path, const std::function<void(Hdf5File&)>
     fill(f);
     f.close();
     atomic_rename(tmp, path);
+  } catch (const FileError& e) {
+    std::error_code ec;
+    fs::remove(tmp, ec);
+    throw FileError(path.string() + ": not written, any previous version is kept: " + e.what());
   } catch (...) {
     std::error_code ec;
     fs::remove(tmp, ec);

@@ -1,7 +1,8 @@
 // A small RAII wrapper over the HDF5 C API for the files lmtune writes for itself (tokenized dataset caches,
 // checkpoints, metrics): groups, n-d datasets of f32/i32/i64/u8/u16, appendable 1-D datasets for metrics
-// rows, string and scalar attributes, and an atomic save helper. HDF5's own error printing is turned off;
-// every failure throws FileError("<file>: <object>: <problem>"). Conventions are in docs/formats.md.
+// rows, string and scalar attributes, CRC-32 seals against silent damage, and an atomic save helper. HDF5's
+// own error printing is turned off; every failure throws FileError("<file>: <object>: <problem>"). Conventions
+// are in docs/formats.md.
 #pragma once
 #include <cstdint>
 #include <filesystem>
@@ -53,7 +54,8 @@ class Hdf5File {
   void write(const std::string& dataset, const std::vector<T>& data, const Shape& shape) {
     write(dataset, std::span<const T>(data), shape);
   }
-  // Reads a whole dataset; its stored type must be T. `shape_out`, when given, receives its shape.
+  // Reads a whole dataset; its stored type must be T. `shape_out`, when given, receives its shape. A dataset
+  // with a "crc32" attribute (see seal()) must match it, or the read throws naming the dataset.
   template <H5Element T>
   std::vector<T> read(const std::string& dataset, Shape* shape_out = nullptr) const;
   Shape shape(const std::string& dataset) const;
@@ -81,9 +83,23 @@ class Hdf5File {
   double attr_double(const std::string& object, const std::string& name) const;  // float or integer attributes
   int64_t attr_int(const std::string& object, const std::string& name) const;     // integer attributes
 
+  // Seals a finished file: each dataset gets attribute "crc32" (CRC-32 of its little-endian element bytes) and
+  // the root gets "attrs_crc32" (CRC-32 of every other attribute of every group and dataset, as text). Flipped
+  // bytes in data or metadata then fail verify_seal() instead of being read as values.
+  void seal();
+  // Checks every dataset and the attributes against the seal; throws FileError naming the file and the damaged
+  // dataset (or "attributes") when they differ or a checksum is missing.
+  void verify_seal() const;
+
  private:
   Hdf5File(std::filesystem::path path, int64_t id) : path_(std::move(path)), id_(id) {}
   int64_t file_id() const;
+  template <H5Element T>
+  std::vector<T> read_unchecked(const std::string& dataset, Shape* shape_out) const;
+  uint32_t dataset_crc(const std::string& dataset) const;
+  std::vector<std::string> all_objects() const;  // every group and dataset, "/" first, depth-first
+  std::string attributes_text(const std::string& object) const;
+  uint32_t attributes_crc() const;
   std::filesystem::path path_;
   int64_t id_ = -1;  // hid_t
 };

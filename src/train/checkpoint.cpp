@@ -2,10 +2,13 @@
 #include "train/checkpoint.h"
 
 #include <spdlog/spdlog.h>
+#include <sys/stat.h>
 
 #include <algorithm>
 #include <csignal>
 #include <cstdlib>
+#include <map>
+#include <mutex>
 #include <vector>
 
 #include "core/error.h"
@@ -16,7 +19,8 @@ namespace fs = std::filesystem;
 
 namespace {
 
-constexpr int64_t kFormatVersion = 1;
+// 2: sealed with checksums (Hdf5File::seal). 1 (no checksums) is still read, with a warning.
+constexpr int64_t kFormatVersion = 2;
 
 // step-N.h5 -> N, or -1 for other names.
 int64_t step_of(const fs::path& p) {
@@ -32,14 +36,81 @@ int64_t step_of(const fs::path& p) {
   }
 }
 
-std::vector<std::pair<int64_t, fs::path>> list_checkpoints(const fs::path& dir) {
-  std::vector<std::pair<int64_t, fs::path>> out;
+// Checkpoints this process has verified, as the file they were then (a replaced or rewritten file has another
+// inode or time), so that retention does not re-read every kept, possibly large, checkpoint at every save.
+struct FileIdentity {
+  dev_t dev;
+  ino_t ino;
+  off_t size;
+  int64_t mtime_ns;
+  bool operator==(const FileIdentity&) const = default;
+};
+std::mutex verified_mutex;
+std::map<fs::path, FileIdentity> verified_files;
+
+std::optional<FileIdentity> file_identity(const fs::path& file) {
+  struct stat st {};
+  if (::stat(file.c_str(), &st) != 0) return std::nullopt;
+  return FileIdentity{st.st_dev, st.st_ino, st.st_size, int64_t(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec};
+}
+
+void remember_verified(const fs::path& file) {
+  std::lock_guard lock(verified_mutex);
+  if (auto id = file_identity(file)) verified_files[file] = *id;
+}
+
+// Why `file` cannot be resumed from, or "" when it verifies.
+std::string checkpoint_problem(const fs::path& file) {
+  {
+    std::lock_guard lock(verified_mutex);
+    auto it = verified_files.find(file);
+    if (it != verified_files.end() && file_identity(file) == it->second) return "";
+  }
+  try {
+    verify_checkpoint(file);
+  } catch (const std::exception& e) {  // damaged files can fail in any way; none may stop retention or resume
+    return e.what();
+  }
+  remember_verified(file);
+  return "";
+}
+
+void remove_checkpoint(const fs::path& file, const std::string& why) {
   std::error_code ec;
-  if (!fs::is_directory(dir, ec)) return out;
-  for (const auto& e : fs::directory_iterator(dir))
-    if (int64_t s = step_of(e.path()); s >= 0) out.emplace_back(s, e.path());
-  std::sort(out.begin(), out.end());
-  return out;
+  fs::remove(file, ec);
+  if (ec) spdlog::warn("cannot remove {}: {}", file.string(), ec.message());
+  else if (!why.empty()) spdlog::warn("removed checkpoint {}: {}", file.string(), why);
+  std::lock_guard lock(verified_mutex);
+  verified_files.erase(file);
+}
+
+void prune_checkpoints(const fs::path& save_dir, const fs::path& newest, int64_t newest_step, int keep) {
+  int good = 1;  // `newest` was verified
+  for (const fs::path& file : list_checkpoints(save_dir)) {
+    if (file == newest) continue;
+    if (step_of(file) > newest_step) {
+      remove_checkpoint(file, "its step is beyond the one just saved, so it belongs to a run this one replaced");
+      continue;
+    }
+    if (good >= keep) {
+      remove_checkpoint(file, "");
+      continue;
+    }
+    if (std::string why = checkpoint_problem(file); !why.empty())
+      remove_checkpoint(file, "damaged (" + why + ")");
+    else
+      ++good;
+  }
+}
+
+void remove_stale_temporaries(const fs::path& dir) {
+  for (const auto& e : fs::directory_iterator(dir)) {
+    const std::string n = e.path().filename().string();
+    if (n.rfind(".step-", 0) == 0 && n.find(".tmp.") != std::string::npos) {
+      std::error_code ec;
+      fs::remove(e.path(), ec);
+    }
+  }
 }
 
 }  // namespace
@@ -58,6 +129,19 @@ void test_crash_point(const char* point, int64_t step) {
 }
 
 fs::path checkpoint_dir(const fs::path& save_dir) { return save_dir / "checkpoints"; }
+
+std::vector<fs::path> list_checkpoints(const fs::path& save_dir) {
+  std::vector<std::pair<int64_t, fs::path>> found;
+  std::error_code ec;
+  const fs::path dir = checkpoint_dir(save_dir);
+  if (!fs::is_directory(dir, ec)) return {};
+  for (const auto& e : fs::directory_iterator(dir))
+    if (int64_t s = step_of(e.path()); s >= 0) found.emplace_back(s, e.path());
+  std::sort(found.rbegin(), found.rend());
+  std::vector<fs::path> out;
+  for (auto& [step, file] : found) out.push_back(std::move(file));
+  return out;
+}
 
 fs::path save_checkpoint(const fs::path& save_dir, const TrainProgress& pr, const Optimizer& opt,
                          const CheckpointMeta& meta, int keep) {
@@ -82,39 +166,54 @@ fs::path save_checkpoint(const fs::path& save_dir, const TrainProgress& pr, cons
     save_params(f, "params", opt.params());
     test_crash_point("checkpoint-write", pr.step);
     opt.save(f, "optimizer");
+    f.seal();
   });
-  // Keep the newest `keep`; remove temporary files a killed writer left behind.
-  auto all = list_checkpoints(dir);
-  for (size_t i = 0; i + size_t(keep) < all.size(); ++i) fs::remove(all[i].second);
-  for (const auto& e : fs::directory_iterator(dir)) {
-    const std::string n = e.path().filename().string();
-    if (n.rfind(".step-", 0) == 0 && n.find(".tmp.") != std::string::npos) {
-      std::error_code ec;
-      fs::remove(e.path(), ec);
-    }
+  // Retention trusts the new file only once it reads back intact; until then nothing older is removed.
+  if (std::string why = checkpoint_problem(file); !why.empty()) {
+    remove_checkpoint(file, "");
+    throw FileError("the checkpoint just written does not read back intact (earlier checkpoints are kept): " + why);
   }
+  prune_checkpoints(save_dir, file, pr.step, std::max(keep, 1));
+  remove_stale_temporaries(dir);
   return file;
 }
 
-std::optional<fs::path> latest_checkpoint(const fs::path& save_dir) {
-  auto all = list_checkpoints(checkpoint_dir(save_dir));
-  for (auto it = all.rbegin(); it != all.rend(); ++it) {
-    try {
-      Hdf5File f = Hdf5File::open(it->second);
-      if (f.has_attr("/", "format") && f.attr_string("/", "format") == "lmtune-checkpoint") return it->second;
-    } catch (const Error& e) {
-      spdlog::warn("skipping unreadable checkpoint {}: {}", it->second.string(), e.what());
-    }
-  }
-  return std::nullopt;
+CheckpointMeta verify_checkpoint(const fs::path& file) {
+  Hdf5File f = Hdf5File::open(file);
+  if (!f.has_attr("/", "format") || f.attr_string("/", "format") != "lmtune-checkpoint")
+    throw FileError(file.string() + ": not an lmtune checkpoint (root attribute 'format' is missing or wrong)");
+  const int64_t version = f.attr_int("/", "version");
+  if (version == kFormatVersion)
+    f.verify_seal();
+  else if (version == 1)
+    spdlog::warn("{}: checkpoint format 1 carries no checksums, so damage to it cannot be detected", file.string());
+  else
+    throw FileError(file.string() + ": checkpoint format version " + std::to_string(version) + " is not supported");
+  return {f.attr_string("/", "recipe"), f.attr_string("/", "dataset_hash")};
 }
 
-CheckpointMeta read_checkpoint_meta(const fs::path& file) {
-  Hdf5File f = Hdf5File::open(file);
-  if (f.attr_int("/", "version") != kFormatVersion)
-    throw FileError(file.string() + ": checkpoint format version " + std::to_string(f.attr_int("/", "version")) +
-                    " is not supported");
-  return {f.attr_string("/", "recipe"), f.attr_string("/", "dataset_hash")};
+std::optional<ResumePoint> find_resume_checkpoint(const fs::path& save_dir) {
+  const std::vector<fs::path> all = list_checkpoints(save_dir);
+  if (all.empty()) return std::nullopt;
+  std::vector<std::string> problems;
+  for (const fs::path& file : all) {
+    CheckpointMeta meta;
+    try {
+      meta = verify_checkpoint(file);
+    } catch (const std::exception& e) {  // a damaged file can fail in any way
+      problems.emplace_back(e.what());
+      continue;
+    }
+    remember_verified(file);
+    for (const std::string& why : problems)
+      spdlog::warn("resume: skipping damaged checkpoint, resuming from {} instead: {}", file.string(), why);
+    return ResumePoint{file, std::move(meta)};
+  }
+  std::string msg = "resume: none of the " + std::to_string(all.size()) + " checkpoint(s) in " +
+                    checkpoint_dir(save_dir).string() + " can be resumed from; nothing in save.dir was changed:";
+  for (const std::string& why : problems) msg += "\n  " + why;
+  msg += "\nRestore a good copy of a checkpoint there, or start again with resume=false and --overwrite";
+  throw Error(msg);
 }
 
 TrainProgress load_checkpoint(const fs::path& file, Optimizer& opt) {

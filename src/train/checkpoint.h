@@ -1,12 +1,13 @@
-// Training checkpoints: save.dir/checkpoints/step-N.h5, written atomically (temporary file, fsync, rename) with
-// the last two kept. A checkpoint holds everything needed to continue bit-for-bit: trainable weights, optimizer
-// moments, the step, the data cursor, the loss-scale state, skip counters, the seed, the resolved recipe and the
-// dataset hash. Layout in docs/training.md.
+// Training checkpoints: save.dir/checkpoints/step-N.h5, written atomically (temporary file, fsync, rename) and
+// sealed with CRC-32 checksums, with the last two good ones kept. A checkpoint holds everything needed to continue
+// bit-for-bit: trainable weights, optimizer moments, the step, the data cursor, the loss-scale state, skip
+// counters, the seed, the resolved recipe and the dataset hash. Layout in docs/training.md.
 #pragma once
 #include <cstdint>
 #include <filesystem>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "data/batcher.h"
 #include "train/loss_scaler.h"
@@ -32,13 +33,28 @@ struct CheckpointMeta {
 };
 
 std::filesystem::path checkpoint_dir(const std::filesystem::path& save_dir);
-// Writes step-<progress.step>.h5 and removes all but the newest `keep` checkpoints and stale temporary files.
+// Every step-N.h5 in save_dir/checkpoints, readable or not, newest (highest N) first.
+std::vector<std::filesystem::path> list_checkpoints(const std::filesystem::path& save_dir);
+
+// Writes step-<progress.step>.h5 sealed with checksums, verifies it, then applies retention: keeps it and the
+// newest keep-1 older checkpoints that verify, and removes the rest (older good ones beyond `keep`, damaged ones,
+// and any with a higher step, which belong to a run this one replaced) and stale temporary files. A new file that
+// fails verification is removed and the earlier checkpoints are kept.
 std::filesystem::path save_checkpoint(const std::filesystem::path& save_dir, const TrainProgress& progress,
                                       const Optimizer& optimizer, const CheckpointMeta& meta, int keep = 2);
-// The newest complete checkpoint in save_dir, if any.
-std::optional<std::filesystem::path> latest_checkpoint(const std::filesystem::path& save_dir);
-// Reads the metadata only (to validate a resume before touching the model).
-CheckpointMeta read_checkpoint_meta(const std::filesystem::path& file);
+
+// Opens a checkpoint and checks its format, version and checksums (every dataset and attribute); returns its
+// metadata. Throws FileError naming the file and the damaged dataset or attribute.
+CheckpointMeta verify_checkpoint(const std::filesystem::path& file);
+
+struct ResumePoint {
+  std::filesystem::path file;
+  CheckpointMeta meta;
+};
+// The newest checkpoint that verifies, with a warning naming each newer one skipped and why; nullopt when
+// save_dir holds no checkpoint at all. Throws Error listing every checkpoint and its problem when none verifies.
+std::optional<ResumePoint> find_resume_checkpoint(const std::filesystem::path& save_dir);
+
 // Restores trainable weights and optimizer state into `optimizer` and returns the progress.
 TrainProgress load_checkpoint(const std::filesystem::path& file, Optimizer& optimizer);
 

@@ -4,7 +4,9 @@
 #include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
 
+#include <cerrno>
 #include <cmath>
+#include <cstring>
 #include <sstream>
 
 #include "core/error.h"
@@ -66,15 +68,20 @@ MetricsLog::MetricsLog(const fs::path& save_dir, int64_t keep_through_step)
   std::string text;
   for (const MetricsRow& r : kept) text += row_json(r.split, r.step, r.values) + "\n";
   write_file_atomic(jsonl_path_, text);
-  fs::remove(h5_path_);
-  h5_ = std::make_unique<Hdf5File>(Hdf5File::create(h5_path_));
-  for (const MetricsRow& r : kept) append_h5(r.split, r.step, r.values);
-  h5_->flush();
+  // Rebuilt through a temporary file like every other replacement, so a kill or a full disk here leaves the
+  // previous metrics.h5 (or none), and the next write of it removes any temporary left behind.
+  save_hdf5_atomic(h5_path_, [&](Hdf5File& f) {
+    for (const MetricsRow& r : kept) append_h5(f, r.split, r.step, r.values);
+  });
+  h5_ = std::make_unique<Hdf5File>(Hdf5File::open(h5_path_, true));
   jsonl_.open(jsonl_path_, std::ios::app);
-  if (!jsonl_) throw FileError(jsonl_path_.string() + ": cannot open for appending");
+  if (!jsonl_) throw FileError(jsonl_path_.string() + ": cannot open for appending: " + std::strerror(errno));
 }
 
 MetricsLog::~MetricsLog() {
+  // After a failed write (a full disk) closing fails too, repeating the error already reported; the
+  // destructor of h5_ closes quietly instead.
+  if (h5_failed_) return;
   try {
     if (h5_) h5_->close();
   } catch (const Error& e) {
@@ -82,25 +89,32 @@ MetricsLog::~MetricsLog() {
   }
 }
 
-void MetricsLog::append_h5(const std::string& group, int64_t step, const MetricValues& values) {
+void MetricsLog::append_h5(Hdf5File& h5, const std::string& group, int64_t step, const MetricValues& values) {
   const std::string step_ds = group + "/step";
-  if (!h5_->exists(step_ds)) {
-    h5_->create_group(group);
-    h5_->create_appendable<int64_t>(step_ds, 256);
+  if (!h5.exists(step_ds)) {
+    h5.create_group(group);
+    h5.create_appendable<int64_t>(step_ds, 256);
   }
-  h5_->append<int64_t>(step_ds, std::vector<int64_t>{step});
+  h5.append<int64_t>(step_ds, std::vector<int64_t>{step});
   for (const auto& [k, v] : values) {
     const std::string ds = group + "/" + k;
-    if (!h5_->exists(ds)) h5_->create_appendable<float>(ds, 256);
-    h5_->append<float>(ds, std::vector<float>{float(v)});
+    if (!h5.exists(ds)) h5.create_appendable<float>(ds, 256);
+    h5.append<float>(ds, std::vector<float>{float(v)});
   }
 }
 
 void MetricsLog::log(const std::string& group, int64_t step, const MetricValues& values) {
   jsonl_ << row_json(group, step, values) << '\n';
   jsonl_.flush();
-  append_h5(group, step, values);
-  h5_->flush();
+  // A full disk must stop the run with its cause, not lose rows silently.
+  if (!jsonl_) throw FileError(jsonl_path_.string() + ": write failed: " + std::strerror(errno));
+  try {
+    append_h5(*h5_, group, step, values);
+    h5_->flush();
+  } catch (const Error&) {
+    h5_failed_ = true;
+    throw;
+  }
 }
 
 }  // namespace lmtune

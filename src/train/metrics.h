@@ -29,10 +29,11 @@ class MetricsLog {
   void log(const std::string& group, int64_t step, const MetricValues& values);
 
  private:
-  void append_h5(const std::string& group, int64_t step, const MetricValues& values);
+  static void append_h5(Hdf5File& h5, const std::string& group, int64_t step, const MetricValues& values);
   std::filesystem::path jsonl_path_, h5_path_;
   std::ofstream jsonl_;
   std::unique_ptr<Hdf5File> h5_;
+  bool h5_failed_ = false;
 };
 
 // One row as read back from metrics.jsonl ("split", "step" and the metrics).

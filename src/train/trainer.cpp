@@ -83,6 +83,24 @@ void check_resume_compatible(const Recipe& now, const std::string& saved_yaml, c
                  was.train.steps, now.train.steps);
 }
 
+// The checkpoint to continue from, or nullopt for a fresh start. Throws before anything in save.dir is written
+// when checkpoints exist but resume is off (without --overwrite), or none of them can be resumed from.
+std::optional<ResumePoint> resume_or_fresh(const Recipe& r, const TrainOptions& options) {
+  const fs::path save_dir = r.save.dir;
+  if (!r.resume) {
+    const std::vector<fs::path> existing = list_checkpoints(save_dir);
+    if (!existing.empty() && !options.overwrite)
+      throw ConfigError("save.dir " + save_dir.string() + " already holds checkpoints (" +
+                        existing.front().filename().string() +
+                        "): set resume=true to continue that run, or pass --overwrite to start again");
+    return std::nullopt;
+  }
+  std::optional<ResumePoint> p = find_resume_checkpoint(save_dir);
+  if (!p) spdlog::info("resume: no checkpoint in {}, starting from step 0", checkpoint_dir(save_dir).string());
+  else check_resume_compatible(r, p->meta.recipe_yaml, p->file);
+  return p;
+}
+
 // Publishes what a save produces besides the checkpoint: the PEFT adapter (LoRA) or the model (full).
 fs::path write_output(const Recipe& r, TrainableModel& tm) {
   const fs::path save = r.save.dir;
@@ -110,19 +128,11 @@ TrainSummary train(const Recipe& r, const TrainOptions& options) {
   check_model_files(r);  // before anything is written
   const fs::path save_dir = r.save.dir;
 
-  // Resume or a fresh start; never silently mix runs.
-  std::optional<fs::path> resume_from = latest_checkpoint(save_dir);
-  if (resume_from && !r.resume && !options.overwrite)
-    throw ConfigError("save.dir " + save_dir.string() + " already holds checkpoints (" + resume_from->filename().string() +
-                      "): set resume=true to continue that run, or pass --overwrite to start again");
-  if (!r.resume) resume_from.reset();
-  CheckpointMeta meta;
-  if (resume_from) {
-    meta = read_checkpoint_meta(*resume_from);
-    check_resume_compatible(r, meta.recipe_yaml, *resume_from);
-  } else if (r.resume) {
-    spdlog::info("resume: no checkpoint in {}, starting from step 0", checkpoint_dir(save_dir).string());
-  }
+  // Resume or a fresh start; never silently mix runs, and never start over in place of a run that exists.
+  std::optional<ResumePoint> resume_point = resume_or_fresh(r, options);
+  const std::optional<fs::path> resume_from =
+      resume_point ? std::optional<fs::path>(resume_point->file) : std::nullopt;
+  const CheckpointMeta meta = resume_point ? resume_point->meta : CheckpointMeta{};
 
   Tokenizer tokenizer = Tokenizer::load(r.model);
   check_recipe_fits(r, tokenizer, device);

@@ -30,6 +30,14 @@ TEST(AtomicFile, WritesAndReplaces) {
   EXPECT_EQ(char(bytes[0]), 's');
 }
 
+TEST(AtomicFile, Crc32IsTheStandardOne) {
+  auto bytes = [](std::string_view s) { return std::as_bytes(std::span(s)); };
+  EXPECT_EQ(crc32(bytes("")), 0u);
+  EXPECT_EQ(crc32(bytes("123456789")), 0xCBF43926u);  // the CRC-32/ISO-HDLC check value (zlib's crc32)
+  EXPECT_EQ(crc32(bytes("56789"), crc32(bytes("1234"))), 0xCBF43926u);
+  EXPECT_NE(crc32(bytes("123456780")), 0xCBF43926u);
+}
+
 TEST(AtomicFile, AbandonedWriterKeepsOldFile) {
   TempDir dir;
   auto p = dir / "keep.txt";

@@ -4,7 +4,15 @@
 
 #include <gtest/gtest.h>
 
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <csignal>
+#include <cstdio>
 #include <fstream>
+#include <functional>
 
 #include "io/atomic_file.h"
 #include "io/io_test_util.h"
@@ -13,6 +21,7 @@ namespace lmtune {
 namespace {
 
 using testing::file_error_message;
+using testing::write_bytes;
 using testing::TempDir;
 
 TEST(Hdf5File, DatasetRoundTrips) {
@@ -201,6 +210,111 @@ TEST(Hdf5File, AtomicSave) {
   EXPECT_EQ(entries, 1u);
   save_hdf5_atomic(p, [](Hdf5File& f) { f.write("v", std::vector<int32_t>{3}, {1}); });
   EXPECT_EQ(Hdf5File::open(p).read<int32_t>("v"), std::vector<int32_t>{3});
+}
+
+// Flips `n` bytes of `file` starting where `needle` first occurs (which must be present).
+void flip_bytes_at(const std::filesystem::path& file, const std::string& needle, size_t n) {
+  std::string bytes = read_file_text(file);
+  const size_t at = bytes.find(needle);
+  ASSERT_NE(at, std::string::npos) << "pattern not found in " << file;
+  for (size_t i = at; i < at + n && i < bytes.size(); ++i) bytes[i] = char(~bytes[i]);
+  write_bytes(file, bytes);
+}
+
+std::filesystem::path sealed_file(const TempDir& dir, const std::string& name, const std::vector<float>& w) {
+  auto p = dir / name;
+  save_hdf5_atomic(p, [&](Hdf5File& f) {
+    f.write("params/w", w, {int64_t(w.size())});
+    f.write("params/ids", std::vector<int64_t>{7, 8, 9}, {3});
+    f.set_attr("/", "recipe", "model: some/long-enough-recipe-text");
+    f.set_attr("/", "step", int64_t(12));
+    f.set_attr("params", "lr", 0.25);
+    f.seal();
+  });
+  return p;
+}
+
+TEST(Hdf5File, SealDetectsDamagedDataAndAttributes) {
+  TempDir dir;
+  std::vector<float> w(64);
+  for (size_t i = 0; i < w.size(); ++i) w[i] = 0.01f * float(i) + 0.5f;
+  const std::string w_bytes(reinterpret_cast<const char*>(w.data()), w.size() * sizeof(float));
+
+  auto good = sealed_file(dir, "good.h5", w);
+  Hdf5File::open(good).verify_seal();
+  EXPECT_EQ(Hdf5File::open(good).read<float>("params/w"), w);
+
+  // 64 flipped bytes inside the data: HDF5 itself reads them as (huge) values; the seal must not.
+  auto data = sealed_file(dir, "data.h5", w);
+  flip_bytes_at(data, w_bytes.substr(32, 16), 64);
+  std::string msg = file_error_message([&] { Hdf5File::open(data).verify_seal(); });
+  EXPECT_NE(msg.find("data.h5: dataset '/params/w': checksum mismatch"), std::string::npos) << msg;
+  msg = file_error_message([&] { Hdf5File::open(data).read<float>("params/w"); });
+  EXPECT_NE(msg.find("data.h5: dataset '/params/w': checksum mismatch"), std::string::npos) << msg;
+  EXPECT_EQ(Hdf5File::open(data).read<int64_t>("params/ids"), (std::vector<int64_t>{7, 8, 9}));
+
+  // A changed attribute value (a string in the global heap, which HDF5 does not checksum).
+  auto attr = sealed_file(dir, "attr.h5", w);
+  flip_bytes_at(attr, "long-enough", 1);
+  msg = file_error_message([&] { Hdf5File::open(attr).verify_seal(); });
+  EXPECT_NE(msg.find("attr.h5: attributes: checksum mismatch"), std::string::npos) << msg;
+
+  // A file written without seal() cannot pass for a sealed one.
+  auto plain = dir / "plain.h5";
+  save_hdf5_atomic(plain, [&](Hdf5File& f) { f.write("w", w, {64}); });
+  msg = file_error_message([&] { Hdf5File::open(plain).verify_seal(); });
+  EXPECT_NE(msg.find("plain.h5: not sealed"), std::string::npos) << msg;
+}
+
+// What a full disk does to the writers, in a child process whose files may not grow past 16 KiB (RLIMIT_FSIZE with
+// SIGXFSZ ignored: writes fail with EFBIG, as with ENOSPC). Returns 0 when every failure was a clean FileError
+// naming the file and the cause, else a bit per failed expectation.
+int full_disk_writes(const TempDir& dir) {
+  int bad = 0;
+  auto expect_clean = [&](int bit, const std::string& file, const std::function<void()>& f) {
+    try {
+      f();
+      bad |= bit;
+    } catch (const FileError& e) {
+      const std::string msg = e.what();
+      if (msg.find(file) == std::string::npos || msg.find("File too large") == std::string::npos) bad |= bit;
+      if (std::count(msg.begin(), msg.end(), '\n') != 0) bad |= bit;
+      std::fprintf(stderr, "%s\n", msg.c_str());
+    }
+  };
+  expect_clean(1, "a.h5", [&] {
+    save_hdf5_atomic(dir / "a.h5", [](Hdf5File& f) { f.write("big", std::vector<float>(20000, 1.0f), {20000}); });
+  });
+  for (const auto& e : std::filesystem::directory_iterator(dir.path()))
+    if (e.path().filename().string().find(".tmp.") != std::string::npos) bad |= 2;  // the temporary is removed
+  expect_clean(4, "m.h5", [&] {
+    Hdf5File f = Hdf5File::create(dir / "m.h5");
+    f.create_appendable<float>("x", 256);
+    for (int i = 0; i < 1000; ++i) {
+      f.append<float>("x", std::vector<float>(64, 1.0f));
+      f.flush();
+    }
+  });
+  return bad;
+}
+
+TEST(Hdf5File, FullDiskFailsCleanlyAndTheProcessExitsNormally) {
+  TempDir dir;
+  const pid_t pid = ::fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    std::signal(SIGXFSZ, SIG_IGN);
+    const rlimit limit{16384, 16384};
+    if (::setrlimit(RLIMIT_FSIZE, &limit) != 0) std::_Exit(99);
+    // exit(), not _Exit(): HDF5's own clean-up at exit is where a mishandled failure used to crash.
+    std::exit(10 + full_disk_writes(dir));
+  }
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  ASSERT_FALSE(WIFSIGNALED(status)) << "child killed by signal " << WTERMSIG(status);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_NE(WEXITSTATUS(status), 99) << "setrlimit failed";
+  EXPECT_EQ(WEXITSTATUS(status), 10) << "failed expectations (bits): " << WEXITSTATUS(status) - 10;
 }
 
 }  // namespace

@@ -8,6 +8,8 @@
 #include <nlohmann/json.hpp>
 
 #include "io/atomic_file.h"
+#include "io/hdf5_file.h"
+#include "train/checkpoint.h"
 #include "train/metrics.h"
 #include "train_test_util.h"
 
@@ -45,6 +47,39 @@ size_t checkpoint_files(const fs::path& save) {
   size_t n = 0;
   for (const auto& e : fs::directory_iterator(save / "checkpoints")) n += e.is_regular_file();
   return n;
+}
+
+// Flips 64 bytes inside the data of the first lora_A tensor of a checkpoint, as a bad disk or copy would; the file
+// stays valid HDF5 (the value becomes huge, not unreadable). Returns the dataset's name.
+std::string damage_checkpoint(const fs::path& file) {
+  std::string name, needle;
+  {
+    Hdf5File f = Hdf5File::open(file);
+    for (const std::string& n : f.list("params"))
+      if (name.empty() && n.find("lora_A") != std::string::npos) name = "/params/" + n;
+    const std::vector<float> v = f.read<float>(name);
+    needle.assign(reinterpret_cast<const char*>(v.data()), 16);
+  }
+  std::string bytes = read_file_text(file);
+  const size_t at = bytes.find(needle);
+  EXPECT_NE(at, std::string::npos) << file;
+  for (size_t i = at; at != std::string::npos && i < at + 64; ++i) bytes[i] = char(~bytes[i]);
+  write_file_atomic(file, bytes);
+  return name;
+}
+
+// Every file under `dir` with its contents.
+std::map<fs::path, std::string> snapshot(const fs::path& dir) {
+  std::map<fs::path, std::string> out;
+  for (const auto& e : fs::recursive_directory_iterator(dir))
+    if (e.is_regular_file()) out[e.path()] = read_file_text(e.path());
+  return out;
+}
+
+std::vector<std::string> checkpoint_names(const fs::path& save) {
+  std::vector<std::string> out;
+  for (const fs::path& p : list_checkpoints(save)) out.push_back(p.filename().string());
+  return out;
 }
 
 // Settings that exercise everything a resume must restore: dropout masks, accumulation, checkpointing, AdamW.
@@ -190,4 +225,102 @@ TEST(TrainCli, DryRunPrintsRecipeStatisticsAndMemory) {
     EXPECT_NE(r.output.find(s), std::string::npos) << s << "\n" << r.output;
   EXPECT_EQ(checkpoint_files(save), 0u);
   EXPECT_FALSE(fs::exists(save / "metrics.jsonl"));
+}
+
+TEST(TrainCli, ResumeSkipsADamagedCheckpointForAnOlderGoodOne) {
+  CliRun run;
+  const fs::path straight = run.dir.path / "straight";
+  ChildResult r = run_lmtune({"train", run.write_recipe(straight).string(), "train.steps=6", "save.every=2"});
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const auto expected = losses(straight);
+  const std::string adapter = read_file_text(straight / "adapter/adapter_model.safetensors");
+
+  const fs::path save = run.dir.path / "damaged";
+  std::vector<std::string> a{"train", run.write_recipe(save).string(), "train.steps=6", "save.every=2"};
+  r = run_lmtune(a, {{"LMTUNE_TEST_CRASH_AT", "step-start@5"}});
+  ASSERT_EQ(r.signal, SIGKILL) << r.output;
+  const fs::path ckpt = checkpoint_dir(save);
+  const std::string dataset = damage_checkpoint(ckpt / "step-4.h5");
+  a.push_back("resume=true");
+  r = run_lmtune(a);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("skipping damaged checkpoint"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find((ckpt / "step-4.h5").string() + ": dataset '" + dataset + "': checksum mismatch"),
+            std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("resumed from " + (ckpt / "step-2.h5").string()), std::string::npos) << r.output;
+  EXPECT_EQ(losses(save), expected);
+  EXPECT_TRUE(read_file_text(save / "adapter/adapter_model.safetensors") == adapter) << "adapter differs";
+  EXPECT_EQ(checkpoint_names(save), (std::vector<std::string>{"step-6.h5", "step-4.h5"}));
+  for (const fs::path& p : list_checkpoints(save)) EXPECT_NO_THROW(verify_checkpoint(p)) << p;
+}
+
+TEST(TrainCli, ResumeWithNoGoodCheckpointFailsAndChangesNothing) {
+  CliRun run;
+  const fs::path save = run.dir.path / "out";
+  ChildResult r = run_lmtune({"train", run.write_recipe(save).string(), "train.steps=4", "save.every=2"});
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const fs::path ckpt = checkpoint_dir(save);
+  const std::string dataset = damage_checkpoint(ckpt / "step-4.h5");
+  const std::string step2 = read_file_text(ckpt / "step-2.h5");
+  write_file_atomic(ckpt / "step-2.h5", std::string_view(step2).substr(0, step2.size() / 2));
+  const auto before = snapshot(save);
+
+  r = run_lmtune({"train", run.recipe.string(), "train.steps=6", "resume=true"});
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("none of the 2 checkpoint(s) in " + ckpt.string() + " can be resumed from"),
+            std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find((ckpt / "step-4.h5").string() + ": dataset '" + dataset + "': checksum mismatch"),
+            std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find((ckpt / "step-2.h5").string() + ": "), std::string::npos) << r.output;
+  EXPECT_TRUE(snapshot(save) == before) << "save.dir changed";
+
+  r = run_lmtune({"train", run.recipe.string(), "train.steps=6"});
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("already holds checkpoints"), std::string::npos) << r.output;
+  EXPECT_TRUE(snapshot(save) == before) << "save.dir changed";
+}
+
+TEST(TrainCli, TemporariesOfKilledWritesAreRemoved) {
+  CliRun run;
+  const fs::path save = run.dir.path / "out";
+  ChildResult r = run_lmtune({"train", run.write_recipe(save).string(), "train.steps=2", "save.every=1"});
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const std::vector<fs::path> stale = {checkpoint_dir(save) / ".step-1.h5.tmp.99999.0",
+                                       save / "adapter/.adapter_model.safetensors.tmp.99999.0",
+                                       save / ".metrics.h5.tmp.99999.0", save / ".metrics.jsonl.tmp.Ab12Cd"};
+  for (const fs::path& p : stale) write_file_atomic(p, std::string_view("left by a killed writer"));
+  r = run_lmtune({"train", run.recipe.string(), "train.steps=3", "save.every=1", "resume=true"});
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  for (const fs::path& p : stale) EXPECT_FALSE(fs::exists(p)) << p;
+}
+
+TEST(TrainCli, FullDiskStopsWithAnErrorNotACrash) {
+  CliRun run;
+  // Files may not grow past 24 KiB: metrics.h5 (34 KiB after a few rows) is the first to fail.
+  const fs::path fresh = run.dir.path / "fresh";
+  ChildResult r = run_lmtune({"train", run.write_recipe(fresh).string(), "train.steps=3"}, {}, 24 << 10);
+  EXPECT_EQ(r.signal, 0) << r.output;
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find((fresh / "metrics.h5").string() + ": /: flush failed: file write failed: File too large"),
+            std::string::npos)
+      << r.output;
+  EXPECT_EQ(r.output.find("[warning]"), std::string::npos) << r.output;
+
+  // 64 KiB: the checkpoint (94 KiB) fails; the earlier checkpoints and the adapter stay as they were.
+  const fs::path save = run.dir.path / "resumed";
+  r = run_lmtune({"train", run.write_recipe(save).string(), "train.steps=2", "save.every=1"});
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const auto before = snapshot(save / "checkpoints");
+  const std::string adapter = read_file_text(save / "adapter/adapter_model.safetensors");
+  r = run_lmtune({"train", run.recipe.string(), "train.steps=3", "save.every=1", "resume=true"}, {}, 64 << 10);
+  EXPECT_EQ(r.signal, 0) << r.output;
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find((checkpoint_dir(save) / "step-3.h5").string() + ": not written"), std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("File too large"), std::string::npos) << r.output;
+  EXPECT_TRUE(snapshot(save / "checkpoints") == before) << "checkpoints changed, or a temporary file was left";
+  EXPECT_TRUE(read_file_text(save / "adapter/adapter_model.safetensors") == adapter) << "adapter changed";
 }

@@ -3,9 +3,11 @@
 // recipes, and running the lmtune binary as a child process.
 #pragma once
 #include <gtest/gtest.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <csignal>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -105,13 +107,21 @@ struct ChildResult {
   std::string output;   // stdout + stderr
 };
 
-// Runs the lmtune binary with `args` and extra environment variables; waits for it.
-inline ChildResult run_lmtune(const std::vector<std::string>& args, const std::map<std::string, std::string>& env = {}) {
+// Runs the lmtune binary with `args` and extra environment variables; waits for it. max_file_bytes > 0 limits
+// the size of every file the child writes (RLIMIT_FSIZE, with SIGXFSZ ignored so that writes past it fail with
+// EFBIG): a full disk for an ordinary user. The limit covers its log file too, so keep such runs short.
+inline ChildResult run_lmtune(const std::vector<std::string>& args,
+                              const std::map<std::string, std::string>& env = {}, rlim_t max_file_bytes = 0) {
   static int counter = 0;
   fs::path log = fs::temp_directory_path() / ("lmtune_child_" + std::to_string(::getpid()) + "_" + std::to_string(counter++));
   pid_t pid = ::fork();
   if (pid == 0) {
     for (const auto& [k, v] : env) ::setenv(k.c_str(), v.c_str(), 1);
+    if (max_file_bytes > 0) {
+      std::signal(SIGXFSZ, SIG_IGN);
+      const rlimit limit{max_file_bytes, max_file_bytes};
+      if (::setrlimit(RLIMIT_FSIZE, &limit) != 0) std::_Exit(126);
+    }
     FILE* f = std::freopen(log.c_str(), "w", stdout);
     if (!f) std::_Exit(127);
     ::dup2(::fileno(stdout), 2);
