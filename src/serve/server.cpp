@@ -338,7 +338,8 @@ void Server::Impl::routes() {
 
   http.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
     if (refuse_early(req, res)) {
-      close_after_response = true;
+      close_after_response = true;  // the body, if any, was not read
+      res.set_header("Connection", "close");
       return httplib::Server::HandlerResponse::Handled;
     }
     if (options.api_key.empty() || req.path == "/health") return httplib::Server::HandlerResponse::Unhandled;
@@ -353,9 +354,10 @@ void Server::Impl::routes() {
   });
   // httplib's own refusals (413 payload too large, 404 no route, 400 bad request) get OpenAI error bodies too.
   http.set_error_handler([](const httplib::Request&, httplib::Response& res) {
-    // After a malformed request or an unread body, what follows on the connection is no request.
-    if (res.status == 400 || res.status >= 411) close_after_response = true;
     if (!res.body.empty()) return;
+    // httplib's own refusals (a malformed request, an unread body): what follows on the connection is no request.
+    close_after_response = true;
+    res.set_header("Connection", "close");
     std::string message = "HTTP error " + std::to_string(res.status);
     if (res.status == 400) message = "malformed HTTP request";
     if (res.status == 404) message = "no such route";
