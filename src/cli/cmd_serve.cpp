@@ -89,9 +89,23 @@ void add_serve_command(CLI::App& app, const std::string& device) {
   cmd->add_option("--max-body", a->options.max_body, "largest request body in bytes (413 above)")
       ->default_val(1 << 20)
       ->check(CLI::Range(1, 1 << 30));
-  cmd->add_option("--timeout", a->options.timeout_s, "socket read/write timeout in seconds")
+  cmd->add_option("--timeout", a->options.timeout_s, "socket write timeout and longest wait for one read (seconds)")
       ->default_val(60)
       ->check(CLI::Range(1, 86400));
+  cmd->add_option("--header-timeout", a->options.head_timeout_ms, "total time to send request line + headers (ms)")
+      ->default_val(10000)
+      ->check(CLI::Range(1, 3600000));
+  cmd->add_option("--body-timeout", a->options.body_timeout_ms, "total time to send a request body (ms)")
+      ->default_val(30000)
+      ->check(CLI::Range(1, 3600000));
+  cmd->add_option("--keep-alive-timeout", a->options.idle_timeout_s, "idle keep-alive connections close after (s)")
+      ->default_val(5)
+      ->check(CLI::Range(1, 3600));
+  cmd->add_option("--max-connections", a->options.max_connections, "open connections at once (503 beyond)")
+      ->default_val(512)
+      ->check(CLI::Range(1, 1 << 20));
+  cmd->add_option("--allowed-host", a->options.allowed_hosts,
+                  "Host header name accepted besides localhost, IP literals and --host ('*': any; repeatable)");
   cmd->add_option("--max-n", a->max_n, "most choices (n) per request")->default_val(4)->check(CLI::Range(1, 64));
   cmd->add_option("--default-max-tokens", a->default_max_tokens, "max_tokens when a request gives none")
       ->default_val(256)

@@ -33,13 +33,32 @@ std::string dump(const json& j) { return j.dump(-1, ' ', false, json::error_hand
 
 std::string sse_event(const json& j) { return "data: " + dump(j) + "\n\n"; }
 
+namespace {
+
+// "messages[].content": where a parse stopped, from the keys and arrays the parser callback has opened.
+std::string json_path(const std::vector<std::string>& path) {
+  std::string out;
+  for (const std::string& p : path) out += (out.empty() || p == "[]" ? "" : ".") + p;
+  return out;
+}
+
+}  // namespace
+
 json parse_body(const std::string& body, int max_depth) {
   // nlohmann's parser keeps its own stack (no recursion), so the depth check only bounds the work and memory a
   // request can ask for; the callback sees each value's depth as it is parsed.
-  json::parser_callback_t limit = [max_depth](int depth, json::parse_event_t, json&) {
+  std::vector<std::string> path;  // path[d - 1]: the key or "[]" that depth d is in
+  json::parser_callback_t limit = [max_depth, &path](int depth, json::parse_event_t event, json& parsed) {
     if (depth > max_depth)
       throw ApiError(400, "request body nests deeper than " + std::to_string(max_depth) + " levels", "",
                      "invalid_json");
+    if (event == json::parse_event_t::key && depth > 0) {
+      path.resize(size_t(depth));
+      path.back() = parsed.get<std::string>();
+    } else if (event == json::parse_event_t::array_start) {
+      path.resize(size_t(depth) + 1);
+      path.back() = "[]";
+    }
     return true;
   };
   json j;
@@ -47,6 +66,11 @@ json parse_body(const std::string& body, int max_depth) {
     j = json::parse(body, limit);
   } catch (const json::parse_error& e) {
     throw ApiError(400, std::string("request body is not valid JSON: ") + e.what(), "", "invalid_json");
+  } catch (const json::out_of_range& e) {
+    // A number beyond double's range (1e400, thousands of digits): nlohmann refuses it with out_of_range.
+    const std::string field = json_path(path);
+    throw ApiError(400, "number out of range" + (field.empty() ? std::string() : " in '" + field + "'") + ": " +
+                            e.what(), field, "invalid_number");
   }
   if (!j.is_object()) throw ApiError(400, "request body must be a JSON object", "", "invalid_json");
   return j;

@@ -6,9 +6,12 @@
 #include <spdlog/spdlog.h>
 
 #include <arpa/inet.h>
+#include <poll.h>
 #include <sys/socket.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cstring>
 #include <ctime>
 #include <random>
 #include <regex>
@@ -18,6 +21,7 @@
 #include "io/peft_adapter.h"
 #include "models/adapters.h"
 #include "models/weights.h"
+#include "serve/conn_gate.h"
 
 namespace lmtune::serve {
 
@@ -73,6 +77,52 @@ bool is_loopback(const std::string& host) {
   return inet_pton(AF_INET, host.c_str(), &a) == 1 && (ntohl(a.s_addr) >> 24) == 127;
 }
 
+namespace {
+
+std::string lowercase(std::string s) {
+  for (char& c : s) c = char(std::tolower(static_cast<unsigned char>(c)));
+  return s;
+}
+
+bool is_ip_literal(const std::string& name) {
+  in_addr a4{};
+  in6_addr a6{};
+  if (inet_pton(AF_INET, name.c_str(), &a4) == 1) return true;
+  return name.size() > 2 && name.front() == '[' && name.back() == ']' &&
+         inet_pton(AF_INET6, name.substr(1, name.size() - 2).c_str(), &a6) == 1;
+}
+
+bool is_wildcard(const std::string& host) {
+  return host.empty() || host == "0.0.0.0" || host == "::" || host == "[::]";
+}
+
+}  // namespace
+
+bool host_allowed(const std::string& host_header, const ServeOptions& options) {
+  if (host_header.empty()) return true;
+  std::string name = lowercase(host_header);
+  if (name.front() == '[') {
+    size_t close = name.find(']');
+    if (close == std::string::npos) return false;
+    name.resize(close + 1);
+  } else if (size_t colon = name.rfind(':'); colon != std::string::npos) {
+    name.resize(colon);
+  }
+  if (!name.empty() && name.back() == '.') name.pop_back();
+  // A rebinding attack needs a name the attacker controls; a literal address cannot be rebound.
+  if (is_ip_literal(name) || name == "localhost" || name == lowercase(options.host)) return true;
+  if (options.allowed_hosts.empty()) return is_wildcard(options.host);
+  for (const std::string& allowed : options.allowed_hosts)
+    if (allowed == "*" || lowercase(allowed) == name) return true;
+  return false;
+}
+
+std::string media_type(const std::string& content_type) {
+  std::string t = lowercase(content_type.substr(0, content_type.find(';')));
+  size_t b = t.find_first_not_of(" \t"), e = t.find_last_not_of(" \t");
+  return b == std::string::npos ? "" : t.substr(b, e - b + 1);
+}
+
 // ---------------------------------------------------------------------------------------------------------------
 // Server
 
@@ -102,6 +152,92 @@ void send_error(httplib::Response& res, const ApiError& e) {
   send_json(res, e.status, error_body(e));
 }
 
+// Set by a handler that answers before reading the body: the unread body must not be parsed as a next request.
+thread_local bool close_after_response = false;
+
+// httplib's Stream over a gated connection: the request bytes the gate buffered first, then the socket, with every
+// read bounded by the connection's deadline (a body the gate did not buffer is still read against the clock).
+class GatedStream : public httplib::Stream {
+ public:
+  GatedStream(Connection& c, int io_timeout_ms) : c_(c), io_timeout_ms_(io_timeout_ms) {}
+  ~GatedStream() override { c_.buffered.erase(0, pos_); }
+
+  bool is_readable() const override { return pos_ < c_.buffered.size() || wait(POLLIN) > 0; }
+  bool is_writable() const override {
+    pollfd p{c_.fd, POLLOUT, 0};
+    return ::poll(&p, 1, io_timeout_ms_) > 0 && (p.revents & (POLLERR | POLLHUP)) == 0;
+  }
+  ssize_t read(char* ptr, size_t size) override {
+    if (pos_ < c_.buffered.size()) {
+      size_t n = std::min(size, c_.buffered.size() - pos_);
+      std::memcpy(ptr, c_.buffered.data() + pos_, n);
+      pos_ += n;
+      return ssize_t(n);
+    }
+    if (wait(POLLIN) <= 0) return -1;
+    return ::recv(c_.fd, ptr, size, 0);
+  }
+  ssize_t write(const char* ptr, size_t size) override {
+    if (!is_writable()) return -1;
+    return ::send(c_.fd, ptr, size, MSG_NOSIGNAL);
+  }
+  void get_remote_ip_and_port(std::string& ip, int& port) const override { address(false, ip, port); }
+  void get_local_ip_and_port(std::string& ip, int& port) const override { address(true, ip, port); }
+  socket_t socket() const override { return c_.fd; }
+
+ private:
+  int wait(short events) const {
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(c_.deadline - Clock::now()).count();
+    if (left <= 0) return 0;
+    pollfd p{c_.fd, events, 0};
+    return ::poll(&p, 1, int(std::min<int64_t>(left, io_timeout_ms_)));
+  }
+  void address(bool local, std::string& ip, int& port) const {
+    sockaddr_storage a{};
+    socklen_t len = sizeof(a);
+    if ((local ? getsockname : getpeername)(c_.fd, reinterpret_cast<sockaddr*>(&a), &len) != 0) return;
+    char buf[INET6_ADDRSTRLEN] = {};
+    const bool v4 = a.ss_family == AF_INET;
+    const void* addr = v4 ? static_cast<const void*>(&reinterpret_cast<sockaddr_in*>(&a)->sin_addr)
+                          : static_cast<const void*>(&reinterpret_cast<sockaddr_in6*>(&a)->sin6_addr);
+    if (inet_ntop(a.ss_family, addr, buf, sizeof(buf))) ip = buf;
+    port = ntohs(v4 ? reinterpret_cast<sockaddr_in*>(&a)->sin_port : reinterpret_cast<sockaddr_in6*>(&a)->sin6_port);
+  }
+
+  Connection& c_;
+  int io_timeout_ms_;
+  size_t pos_ = 0;
+};
+
+// Runs each accepted socket's task on the accept thread: the task only hands the socket to the gate.
+struct InlineQueue : httplib::TaskQueue {
+  void enqueue(std::function<void()> fn) override { fn(); }
+  void shutdown() override {}
+};
+
+// httplib's server with connections owned by the gate: httplib accepts and parses, the gate reads.
+class GatedServer : public httplib::Server {
+ public:
+  ConnectionGate* gate = nullptr;
+  int io_timeout_ms = 60000;
+  size_t max_requests = 100;  // per connection
+
+  bool serve(Connection& c) {
+    GatedStream stream(c, io_timeout_ms);
+    const bool last = c.requests + 1 >= max_requests;
+    bool closed = false;
+    close_after_response = false;
+    bool ok = process_request(stream, last, closed, nullptr);
+    return ok && !closed && !last && !close_after_response;
+  }
+
+ private:
+  bool process_and_close_socket(socket_t sock) override {
+    gate->add(sock);
+    return true;
+  }
+};
+
 const char* error_type(int status) {
   if (status == 401) return "authentication_error";
   if (status == 404) return "not_found_error";
@@ -115,7 +251,8 @@ struct Server::Impl {
   ServedModel& model;
   ServeOptions options;
   Scheduler scheduler;
-  httplib::Server http;
+  GatedServer http;
+  std::unique_ptr<ConnectionGate> gate;
   int64_t started = std::time(nullptr);
   int listen_fd = -1;  // captured from the socket options hook, to raise httplib's listen backlog
 
@@ -123,6 +260,8 @@ struct Server::Impl {
       : model(m), options(std::move(o)), scheduler(m.decoder, {options.max_batch, options.queue}) {}
 
   void routes();
+  void start_gate();
+  bool refuse_early(const httplib::Request& req, httplib::Response& res);
   void completion(const httplib::Request& req, httplib::Response& res, bool chat);
   void stream(httplib::Response& res, std::shared_ptr<Job> job, const std::string& id, int64_t created);
   void answer_when_done(httplib::Response& res, std::shared_ptr<Job> job, const std::string& id, int64_t created);
@@ -132,11 +271,14 @@ Server::Server(ServedModel& model, ServeOptions options) {
   if (!is_loopback(options.host) && options.api_key.empty())
     throw ConfigError("serve: refusing to listen on " + options.host +
                       " without --api-key (anyone who can reach it could use the model); bind 127.0.0.1 or set a key");
-  if (options.max_batch <= 0 || options.queue == 0 || options.max_body == 0 || options.timeout_s <= 0)
-    throw ConfigError("serve: --max-batch, --queue, --max-body and --timeout must be positive");
+  if (options.max_batch <= 0 || options.queue == 0 || options.max_body == 0 || options.timeout_s <= 0 ||
+      options.head_timeout_ms <= 0 || options.body_timeout_ms <= 0 || options.idle_timeout_s <= 0 ||
+      options.max_connections == 0)
+    throw ConfigError("serve: --max-batch, --queue, --max-body, --max-connections and the timeouts must be positive");
   options.limits.context = model.context;
   impl_ = std::make_unique<Impl>(model, std::move(options));
   impl_->routes();
+  impl_->start_gate();
 }
 
 Server::~Server() { stop(); }
@@ -159,20 +301,34 @@ void Server::run() { impl_->http.listen_after_bind(); }
 void Server::stop() {
   if (!impl_) return;
   impl_->http.stop();
-  impl_->scheduler.stop();
+  impl_->scheduler.stop();  // fails unfinished jobs, so that the workers waiting on them return
+  impl_->gate->stop();
 }
 
 SchedulerStats Server::stats() const { return impl_->scheduler.stats(); }
 
+void Server::Impl::start_gate() {
+  GateOptions g;
+  g.max_connections = options.max_connections;
+  // One worker per request that waits on a job: a full batch plus a full queue, and a few for cheap routes.
+  // Requests reach them whole, so slow clients occupy none.
+  g.workers = size_t(options.max_batch) + options.queue + 8;
+  g.head_timeout = std::chrono::milliseconds(options.head_timeout_ms);
+  g.body_timeout = std::chrono::milliseconds(options.body_timeout_ms);
+  g.idle_timeout = std::chrono::seconds(options.idle_timeout_s);
+  g.max_body = options.max_body;
+  gate = std::make_unique<ConnectionGate>(g, [this](Connection& c) { return http.serve(c); });
+  http.gate = gate.get();
+  http.io_timeout_ms = options.timeout_s * 1000;
+  http.new_task_queue = [] { return new InlineQueue; };
+}
+
 void Server::Impl::routes() {
-  // One thread per connection that waits on a job: enough for a full batch plus a full queue, and a few more
-  // for cheap routes and refusals.
-  const size_t threads = size_t(options.max_batch) + options.queue + 8;
-  http.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
   http.set_payload_max_length(options.max_body);
-  http.set_read_timeout(options.timeout_s, 0);
+  http.set_read_timeout(options.timeout_s, 0);  // SO_RCVTIMEO / SO_SNDTIMEO of accepted sockets
   http.set_write_timeout(options.timeout_s, 0);
-  http.set_keep_alive_timeout(5);
+  http.set_keep_alive_timeout(options.idle_timeout_s);
+  http.set_keep_alive_max_count(http.max_requests);
   // SO_REUSEADDR only: httplib's default SO_REUSEPORT would let a second server share (and split) the port.
   http.set_socket_options([this](socket_t sock) {
     int yes = 1;
@@ -181,6 +337,11 @@ void Server::Impl::routes() {
   });
 
   http.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+    if (refuse_early(req, res)) {
+      close_after_response = true;  // the body, if any, was not read
+      res.set_header("Connection", "close");
+      return httplib::Server::HandlerResponse::Handled;
+    }
     if (options.api_key.empty() || req.path == "/health") return httplib::Server::HandlerResponse::Unhandled;
     const std::string auth = req.get_header_value("Authorization");
     const std::string prefix = "Bearer ";
@@ -194,6 +355,9 @@ void Server::Impl::routes() {
   // httplib's own refusals (413 payload too large, 404 no route, 400 bad request) get OpenAI error bodies too.
   http.set_error_handler([](const httplib::Request&, httplib::Response& res) {
     if (!res.body.empty()) return;
+    // httplib's own refusals (a malformed request, an unread body): what follows on the connection is no request.
+    close_after_response = true;
+    res.set_header("Connection", "close");
     std::string message = "HTTP error " + std::to_string(res.status);
     if (res.status == 400) message = "malformed HTTP request";
     if (res.status == 404) message = "no such route";
@@ -230,6 +394,43 @@ void Server::Impl::routes() {
             [this](const httplib::Request& req, httplib::Response& res) { completion(req, res, true); });
 }
 
+// Refusals decided from the head alone, before httplib reads a body: a foreign Host (DNS rebinding), a POST body
+// without a sane length (httplib would read a chunked or unframed body without limit, and would wait for a body
+// over the limit to arrive only to skip it), or one that is not JSON (a web page can POST text/plain across sites
+// without a CORS preflight; application/json needs one).
+bool Server::Impl::refuse_early(const httplib::Request& req, httplib::Response& res) {
+  if (!host_allowed(req.get_header_value("Host"), options)) {
+    const std::string message =
+        "Host '" + req.get_header_value("Host") + "' is not allowed on this server (see --allowed-host)";
+    send_error(res, ApiError(403, message, "", "host_not_allowed"));
+    return true;
+  }
+  if (req.method != "POST") return false;
+  if (req.has_header("Transfer-Encoding") || !req.has_header("Content-Length")) {
+    send_error(res, ApiError(411, "a request body needs a Content-Length (chunked bodies are not accepted)", "",
+                             "length_required"));
+    return true;
+  }
+  const std::string length = req.get_header_value("Content-Length");
+  const bool digits =
+      !length.empty() && std::all_of(length.begin(), length.end(), [](char c) { return c >= '0' && c <= '9'; });
+  if (!digits || req.get_header_value_count("Content-Length") != 1) {
+    send_error(res, ApiError(400, "malformed Content-Length '" + length + "'", "", "invalid_content_length"));
+    return true;
+  }
+  if (length.size() > 18 || std::stoull(length) > options.max_body) {
+    send_error(res, ApiError(413, "request body too large (" + length + " bytes; this server accepts " +
+                                      std::to_string(options.max_body) + ")", "", "body_too_large"));
+    return true;
+  }
+  if (media_type(req.get_header_value("Content-Type")) != "application/json") {
+    send_error(res, ApiError(415, "Content-Type must be application/json (got '" +
+                                      req.get_header_value("Content-Type") + "')", "", "unsupported_media_type"));
+    return true;
+  }
+  return false;
+}
+
 void Server::Impl::completion(const httplib::Request& req, httplib::Response& res, bool chat) {
   try {
     json body = parse_body(req.body, options.limits.max_depth);
@@ -249,6 +450,8 @@ void Server::Impl::completion(const httplib::Request& req, httplib::Response& re
     send_error(res, e);
   } catch (const Error& e) {
     send_error(res, ApiError(400, e.what()));
+  } catch (const nlohmann::json::exception& e) {
+    send_error(res, ApiError(400, std::string("request body: ") + e.what()));  // a value nlohmann cannot convert
   }
 }
 

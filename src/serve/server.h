@@ -57,12 +57,30 @@ struct ServeOptions {
   int64_t max_batch = 8;
   size_t queue = 64;
   size_t max_body = 1 << 20;   // bytes
-  int timeout_s = 60;          // socket read/write timeouts
+  int timeout_s = 60;          // socket write timeout, and the longest wait for one read
+  // Total time allowed to send a request's head and its body: a client that trickles bytes is cut off (408)
+  // however steadily it sends.
+  int head_timeout_ms = 10000;
+  int body_timeout_ms = 30000;
+  int idle_timeout_s = 5;          // keep-alive connections waiting for their next request
+  size_t max_connections = 512;    // open at once, slow ones included; beyond it 503
+  // Host header names accepted besides loopback names, IP literals and --host itself; "*" accepts any. Empty on a
+  // wildcard --host (0.0.0.0, ::) also accepts any: such a server is reached by names it cannot know.
+  std::vector<std::string> allowed_hosts;
   ApiLimits limits;            // context is taken from the model
 };
 
 // True for 127.0.0.0/8, ::1 and "localhost".
 bool is_loopback(const std::string& host);
+
+// Whether a request's Host header (name[:port], [v6][:port]) may reach a server with these options: the defence
+// against DNS rebinding, where a web page's own name resolves to this server. A missing Host passes (browsers
+// always send one).
+bool host_allowed(const std::string& host_header, const ServeOptions& options);
+
+// The media type of a Content-Type value, lowercased, without parameters ("application/json; charset=utf-8" ->
+// "application/json").
+std::string media_type(const std::string& content_type);
 
 class Server {
  public:
