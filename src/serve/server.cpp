@@ -18,6 +18,7 @@
 
 #include "core/error.h"
 #include "infer/adapters.h"
+#include "infer/model_checks.h"
 #include "io/peft_adapter.h"
 #include "models/adapters.h"
 #include "models/weights.h"
@@ -59,6 +60,9 @@ std::unique_ptr<ServedModel> load_served_model(const std::filesystem::path& mode
   ModelNames names;
   std::filesystem::path dir = model_dir;
   names.base = (dir.has_filename() ? dir.filename() : dir.parent_path().filename()).string();
+  // Before the slow weight load: every tokenizer id needs an embedding row.
+  Tokenizer tokenizer = Tokenizer::load(model_dir);
+  infer::check_tokenizer_fits(tokenizer, load_model_config(model_dir / "config.json"), model_dir.string());
   models::Decoder decoder = models::load_decoder(model_dir, weights, compute, default_device());
   for (const AdapterEntry& a : adapters) {
     if (a.name == names.base || std::find(names.adapters.begin(), names.adapters.end(), a.name) != names.adapters.end())
@@ -68,7 +72,7 @@ std::unique_ptr<ServedModel> load_served_model(const std::filesystem::path& mode
     models::attach_peft(decoder.weights(), peft, a.name, a.multiplier);
     names.adapters.push_back(a.name);
   }
-  return std::make_unique<ServedModel>(std::move(decoder), Tokenizer::load(model_dir), std::move(names));
+  return std::make_unique<ServedModel>(std::move(decoder), std::move(tokenizer), std::move(names));
 }
 
 bool is_loopback(const std::string& host) {

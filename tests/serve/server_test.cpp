@@ -212,6 +212,26 @@ Streamed stream(const std::string& path, json body, const httplib::Headers& h = 
 
 // ---- tests ----
 
+// A tokenizer with more ids than config.json's vocab_size is refused before the weights load, naming both sizes.
+TEST(Serve, TokenizerBeyondTheEmbeddingIsRefused) {
+  namespace fs = std::filesystem;
+  test::TempDir dir;
+  const fs::path model = dir.path / "small_vocab";
+  fs::create_directories(model);
+  for (const auto& e : fs::directory_iterator(test::tiny_model_dir())) fs::copy(e.path(), model / e.path().filename());
+  json config = json::parse(std::ifstream(model / "config.json"));
+  config["vocab_size"] = 1000;
+  config.erase("eos_token_id");
+  config.erase("bos_token_id");
+  std::ofstream(model / "config.json") << config.dump();
+  try {
+    load_served_model(model, {});
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("config.json's vocab_size is 1000"), std::string::npos) << e.what();
+  }
+}
+
 TEST(Serve, HealthAndModels) {
   httplib::Client c = server().client();
   auto h = c.Get("/health");
