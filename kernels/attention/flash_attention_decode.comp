@@ -22,7 +22,8 @@ shared float red_s[MAXROWS][PARTS];
 shared float m_s[MAXROWS], l_s[MAXROWS], alpha_s[MAXROWS];
 shared float o_s[KS > 1u ? KS - 1u : 1u][MAXROWS][KS > 1u ? DMAX : 1u];  // only below DMAX 128
 
-// Row max or (sum) sum of p_s over the tile, by PARTS invocations per row, into red_s then m_s / l_s.
+// The row maxima (then m_s, alpha_s) or, with `sum`, the row sums (then l_s) of p_s over the tile: PARTS
+// invocations per row into red_s, then one per row.
 void row_reduce(uint tid, uint rows, bool sum) {
   const uint r = tid / PARTS, part = tid % PARTS;
   if (r < rows) {

@@ -28,17 +28,16 @@ layout(push_constant) uniform GemvParams {
 } p;
 
 layout(constant_id = 1) const uint COLS = 4u;  // columns per workgroup
-const uint MAXR = 4u, UNROLL = 4u;
+const uint MAXR = 4u, UNROLL = 4u;  // MAXR: the most rows the host sends (matmul_plan.cpp's kGemvMaxRows)
 
 void main() {
-  const uint lane = gl_SubgroupInvocationID, step = gl_SubgroupSize * 8u, r0 = gl_WorkGroupID.y * MAXR;
-  const uint nr = min(MAXR, p.rows - r0);
+  const uint lane = gl_SubgroupInvocationID, step = gl_SubgroupSize * 8u, nr = min(MAXR, p.rows);
   const uint adt = p.dtypes & 15u, wdt = (p.dtypes >> 4) & 15u, cdt = (p.dtypes >> 8) & 15u;
   const uint n_end = min(p.N, (gl_WorkGroupID.x + 1u) * COLS);
   for (uint n = gl_WorkGroupID.x * COLS + gl_SubgroupID; n < n_end; n += gl_NumSubgroups) {
     float acc[MAXR];
     [[unroll]] for (uint r = 0u; r < MAXR; ++r) acc[r] = 0.0;
-    const uint wrow = p.w_off + n * p.w_rs, arow = p.a_off + r0 * p.a_rs;
+    const uint wrow = p.w_off + n * p.w_rs, arow = p.a_off;
     for (uint k0 = lane * 8u; k0 < p.K; k0 += step * UNROLL) {
       vec4 lo[UNROLL], hi[UNROLL];
       [[unroll]] for (uint u = 0u; u < UNROLL; ++u) {  // the loads first: UNROLL x 16 bytes in flight
@@ -60,7 +59,7 @@ void main() {
     [[unroll]] for (uint r = 0u; r < MAXR; ++r) {
       if (r >= nr) break;
       const float sum = subgroupAdd(acc[r]);
-      if (lane == 0u) C_st(cdt, p.c_off + (r0 + r) * p.N + n, p.alpha * sum);
+      if (lane == 0u) C_st(cdt, p.c_off + r * p.N + n, p.alpha * sum);
     }
   }
 }

@@ -3,12 +3,14 @@
 #pragma once
 #include <filesystem>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "infer/infer_test_util.h"
 #include "io/peft_adapter.h"
 #include "models/adapters.h"
 #include "models/weights.h"
+#include "serve/server.h"
 
 namespace lmtune::serve::test {
 
@@ -45,5 +47,23 @@ inline std::filesystem::path adapter_dir(const std::string& name) {
   (void)written;
   return dir.path / name;
 }
+
+// A server of `model` on an ephemeral loopback port, serving on a thread until destroyed.
+struct RunningServer {
+  Server server;
+  int port;
+  std::thread thread;
+  RunningServer(ServedModel& model, ServeOptions o) : server(model, on_port0(std::move(o))), port(server.bind()) {
+    thread = std::thread([this] { server.run(); });
+  }
+  ~RunningServer() {
+    server.stop();
+    thread.join();
+  }
+  static ServeOptions on_port0(ServeOptions o) {
+    o.port = 0;
+    return o;
+  }
+};
 
 }  // namespace lmtune::serve::test

@@ -29,19 +29,10 @@ ServedModel& plain_model() {
   return *m;
 }
 
-struct Running {
-  Server server;
-  int port;
-  std::thread thread;
-  explicit Running(ServeOptions o) : server(plain_model(), port0(std::move(o))), port(server.bind()) {
-    thread = std::thread([this] { server.run(); });
-  }
-  ~Running() {
-    server.stop();
-    thread.join();
-  }
-  static ServeOptions port0(ServeOptions o) {
-    o.port = 0;
+// A server of the plain model with a small body limit and short completions.
+struct Running : test::RunningServer {
+  explicit Running(ServeOptions o) : RunningServer(plain_model(), small(std::move(o))) {}
+  static ServeOptions small(ServeOptions o) {
     o.max_body = 64 * 1024;
     o.limits.default_max_tokens = 4;
     return o;

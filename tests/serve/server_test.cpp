@@ -31,22 +31,9 @@ ServedModel& served() {
   return *m;
 }
 
-// A server on an ephemeral loopback port, serving on a thread until destroyed.
-struct Running {
-  Server server;
-  int port;
-  std::thread thread;
-  explicit Running(ServeOptions o) : server(served(), with_port0(std::move(o))), port(server.bind()) {
-    thread = std::thread([this] { server.run(); });
-  }
-  ~Running() {
-    server.stop();
-    thread.join();
-  }
-  static ServeOptions with_port0(ServeOptions o) {
-    o.port = 0;
-    return o;
-  }
+// A server of the shared model on an ephemeral loopback port.
+struct Running : test::RunningServer {
+  explicit Running(ServeOptions o) : RunningServer(served(), std::move(o)) {}
   httplib::Client client(int timeout_s = 60) const {
     httplib::Client c("127.0.0.1", port);
     c.set_read_timeout(timeout_s, 0);

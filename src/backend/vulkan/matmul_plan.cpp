@@ -242,8 +242,9 @@ std::optional<MatmulPlan> plan_matmul(Context& ctx, const Tensor& a, const Tenso
     if (s < 0) throw ShapeError("matmul: negative strides reach the Vulkan kernel; make the operand contiguous");
   p.ta = a_cs != 1 && a_rs == 1, p.tb = b_cs != 1 && b_rs == 1;
 
+  const std::vector<BatchDim> batch = fold_batch(a, b, c);
   if (!acc && !lr && kc.automatic_matmul() && ctx.features().subgroup_arithmetic &&
-      gemv_takes(p, a, b, a_rs, a_cs, b_rs, b_cs, fold_batch(a, b, c))) {
+      gemv_takes(p, a, b, a_rs, a_cs, b_rs, b_cs, batch)) {
     p.route = MatmulRoute::gemv;
     p.kernel = variant(ctx, "matmul_gemv");
     return p;
@@ -268,7 +269,6 @@ std::optional<MatmulPlan> plan_matmul(Context& ctx, const Tensor& a, const Tenso
 
   // At most two batch dims go to the kernel; outer ones (rare) become separate dispatches, as do chunks of the
   // outer kernel dim when the grid's z would pass 65535. Split-K needs everything in one dispatch.
-  std::vector<BatchDim> batch = fold_batch(a, b, c);
   uint64_t nbatch = 1;
   for (const auto& d : batch) nbatch *= uint64_t(d.size);
   if (batch.size() >= 1) p.d1 = batch.back();
