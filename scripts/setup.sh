@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 PACKAGES=(
   build-essential cmake pkg-config git
   libvulkan-dev glslc glslang-tools mesa-vulkan-drivers vulkan-tools
-  libopenblas-dev libhdf5-dev nlohmann-json3-dev libyaml-cpp-dev libspdlog-dev libcli11-dev libgtest-dev
+  libopenblas-dev libhdf5-dev zlib1g-dev nlohmann-json3-dev libyaml-cpp-dev libspdlog-dev libcli11-dev libgtest-dev
   libpcre2-dev libutf8proc-dev libcpp-httplib-dev
   nodejs npm python3
 )

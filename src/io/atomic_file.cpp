@@ -6,8 +6,9 @@
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <zlib.h>
 
-#include <array>
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <cstring>
@@ -158,22 +159,18 @@ Container read_whole(const fs::path& path) {
 
 namespace {
 
-constexpr std::array<uint32_t, 256> kCrcTable = [] {
-  std::array<uint32_t, 256> t{};
-  for (uint32_t i = 0; i < 256; ++i) {
-    uint32_t c = i;
-    for (int k = 0; k < 8; ++k) c = (c & 1) ? 0xEDB88320u ^ (c >> 1) : c >> 1;
-    t[i] = c;
-  }
-  return t;
-}();
+
 
 }  // namespace
 
 uint32_t crc32(std::span<const std::byte> bytes, uint32_t crc) {
-  crc = ~crc;
-  for (std::byte b : bytes) crc = kCrcTable[(crc ^ uint32_t(b)) & 0xFFu] ^ (crc >> 8);
-  return ~crc;
+  // zlib takes at most 4 GiB per call.
+  constexpr size_t kChunk = size_t(1) << 30;
+  for (size_t i = 0; i < bytes.size(); i += kChunk) {
+    const size_t n = std::min(kChunk, bytes.size() - i);
+    crc = uint32_t(::crc32(uLong(crc), reinterpret_cast<const Bytef*>(bytes.data() + i), uInt(n)));
+  }
+  return crc;
 }
 
 std::string read_file_text(const fs::path& path) { return read_whole<std::string>(path); }

@@ -50,7 +50,7 @@ void atomic_rename(const std::filesystem::path& from, const std::filesystem::pat
 // fsync of a file or directory by path.
 void fsync_path(const std::filesystem::path& path);
 
-// CRC-32 (IEEE 802.3, the same value as zlib's crc32) of `bytes`, continuing from `crc` (0 to start).
+// CRC-32 (zlib's crc32) of `bytes`, continuing from `crc` (0 to start).
 uint32_t crc32(std::span<const std::byte> bytes, uint32_t crc = 0);
 
 std::string read_file_text(const std::filesystem::path& path);
