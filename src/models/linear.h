@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "core/quant.h"
 #include "core/tensor.h"
 
 namespace lmtune::models {
@@ -47,8 +48,8 @@ class Linear {
   Linear() = default;
   Linear(Tensor weight, Tensor bias = Tensor()) : weight(std::move(weight)), bias(std::move(bias)) {}
 
-  int64_t in_features() const { return weight.dim(1); }
-  int64_t out_features() const { return weight.dim(0); }
+  int64_t in_features() const { return qweight.defined() ? qweight.cols() : weight.dim(1); }
+  int64_t out_features() const { return qweight.defined() ? qweight.rows() : weight.dim(0); }
 
   // x [..., in] -> [..., out] in x's dtype; weights stay in their own dtype (matmul mixes dtypes).
   Tensor operator()(const Tensor& x) const;
@@ -62,7 +63,8 @@ class Linear {
   // W + Σ scale · B A in the weight's dtype (for export of merged weights).
   Tensor merged_weight() const;
 
-  Tensor weight;    // [out, in]
+  Tensor weight;    // [out, in]; undefined when the frozen weight is quantized
+  quant::QuantizedTensor qweight;  // [out, in] in a block-quantized format (QLoRA, GGUF), or undefined
   Tensor weight_t;  // [in, out]: the frozen weight stored transposed too, or undefined (see train.transposed_weights)
   Tensor bias;      // [out] or undefined
   std::vector<LoraAdapter> adapters;
