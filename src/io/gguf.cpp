@@ -263,7 +263,7 @@ GgufFile::GgufFile(const fs::path& path) : map_(path) {
   if (magic != kMagic) r.fail("header", "not a GGUF file (the magic bytes are not \"GGUF\")");
   version_ = r.read<uint32_t>("header (version)");
   if (version_ == 1) r.fail("header", "GGUF version 1 is not supported (re-convert the model with a current llama.cpp)");
-  if (std::byteswap(version_) == 2 || std::byteswap(version_) == 3)
+  if (__builtin_bswap32(version_) == 2 || __builtin_bswap32(version_) == 3)
     r.fail("header", "big-endian GGUF files are not supported");
   if (version_ != 2 && version_ != 3) r.fail("header", "unsupported GGUF version " + std::to_string(version_));
   const uint64_t n_tensors = r.read_count("header (tensor count)", 8 + 1 + 4 + 8 + 4 + 8);
