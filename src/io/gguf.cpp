@@ -18,10 +18,10 @@ namespace {
 
 constexpr uint32_t kMagic = 0x46554747;  // "GGUF" read as a little-endian u32
 constexpr uint64_t kDefaultAlignment = 32;
-constexpr size_t kMaxKeyBytes = 65535;          // the spec's limit on key length
-constexpr size_t kMaxTensorNameBytes = 63;      // GGML_MAX_NAME - 1: llama.cpp refuses longer names
-constexpr int kMaxArrayDepth = 8;               // arrays of arrays ... nested deeper are refused
-constexpr uint64_t kMaxMetadataItems = 1 << 23; // array elements in all: bounds memory (~80 bytes an item)
+constexpr size_t kMaxKeyBytes = 65535;           // the spec's limit on key length
+constexpr size_t kMaxTensorNameBytes = 63;       // GGML_MAX_NAME - 1: llama.cpp refuses longer names
+constexpr int kMaxArrayDepth = 8;                // arrays of arrays ... nested deeper are refused
+constexpr uint64_t kMaxMetadataItems = 1 << 23;  // array elements in all: bounds memory (~80 bytes an item)
 constexpr int64_t kMaxDim = int64_t(1) << 50;
 
 struct TypeRow {
@@ -30,14 +30,14 @@ struct TypeRow {
 };
 // Block sizes as ggml-common.h defines them (type_traits in ggml.c).
 constexpr TypeRow kTypes[] = {
-    {0, {"F32", 1, 4}},         {1, {"F16", 1, 2}},          {2, {"Q4_0", 32, 18}},      {3, {"Q4_1", 32, 20}},
-    {6, {"Q5_0", 32, 22}},      {7, {"Q5_1", 32, 24}},       {8, {"Q8_0", 32, 34}},      {9, {"Q8_1", 32, 36}},
-    {10, {"Q2_K", 256, 84}},    {11, {"Q3_K", 256, 110}},    {12, {"Q4_K", 256, 144}},   {13, {"Q5_K", 256, 176}},
-    {14, {"Q6_K", 256, 210}},   {15, {"Q8_K", 256, 292}},    {16, {"IQ2_XXS", 256, 66}}, {17, {"IQ2_XS", 256, 74}},
-    {18, {"IQ3_XXS", 256, 98}}, {19, {"IQ1_S", 256, 50}},    {20, {"IQ4_NL", 32, 18}},   {21, {"IQ3_S", 256, 110}},
-    {22, {"IQ2_S", 256, 82}},   {23, {"IQ4_XS", 256, 136}},  {24, {"I8", 1, 1}},         {25, {"I16", 1, 2}},
-    {26, {"I32", 1, 4}},        {27, {"I64", 1, 8}},         {28, {"F64", 1, 8}},        {29, {"IQ1_M", 256, 56}},
-    {30, {"BF16", 1, 2}},       {34, {"TQ1_0", 256, 54}},    {35, {"TQ2_0", 256, 66}},   {39, {"MXFP4", 32, 17}},
+    {0, {"F32", 1, 4}},         {1, {"F16", 1, 2}},         {2, {"Q4_0", 32, 18}},      {3, {"Q4_1", 32, 20}},
+    {6, {"Q5_0", 32, 22}},      {7, {"Q5_1", 32, 24}},      {8, {"Q8_0", 32, 34}},      {9, {"Q8_1", 32, 36}},
+    {10, {"Q2_K", 256, 84}},    {11, {"Q3_K", 256, 110}},   {12, {"Q4_K", 256, 144}},   {13, {"Q5_K", 256, 176}},
+    {14, {"Q6_K", 256, 210}},   {15, {"Q8_K", 256, 292}},   {16, {"IQ2_XXS", 256, 66}}, {17, {"IQ2_XS", 256, 74}},
+    {18, {"IQ3_XXS", 256, 98}}, {19, {"IQ1_S", 256, 50}},   {20, {"IQ4_NL", 32, 18}},   {21, {"IQ3_S", 256, 110}},
+    {22, {"IQ2_S", 256, 82}},   {23, {"IQ4_XS", 256, 136}}, {24, {"I8", 1, 1}},         {25, {"I16", 1, 2}},
+    {26, {"I32", 1, 4}},        {27, {"I64", 1, 8}},        {28, {"F64", 1, 8}},        {29, {"IQ1_M", 256, 56}},
+    {30, {"BF16", 1, 2}},       {34, {"TQ1_0", 256, 54}},   {35, {"TQ2_0", 256, 66}},   {39, {"MXFP4", 32, 17}},
 };
 
 bool checked_mul(uint64_t a, uint64_t b, uint64_t& out) { return !__builtin_mul_overflow(a, b, &out); }
@@ -45,11 +45,19 @@ bool checked_mul(uint64_t a, uint64_t b, uint64_t& out) { return !__builtin_mul_
 // Fixed size in the file of a scalar value type, 0 for string and array.
 size_t scalar_bytes(GgufType t) {
   switch (t) {
-    case GgufType::u8: case GgufType::i8: case GgufType::boolean: return 1;
-    case GgufType::u16: case GgufType::i16: return 2;
-    case GgufType::u32: case GgufType::i32: case GgufType::f32: return 4;
-    case GgufType::u64: case GgufType::i64: case GgufType::f64: return 8;
-    case GgufType::string: case GgufType::array: return 0;
+    case GgufType::u8:
+    case GgufType::i8:
+    case GgufType::boolean: return 1;
+    case GgufType::u16:
+    case GgufType::i16: return 2;
+    case GgufType::u32:
+    case GgufType::i32:
+    case GgufType::f32: return 4;
+    case GgufType::u64:
+    case GgufType::i64:
+    case GgufType::f64: return 8;
+    case GgufType::string:
+    case GgufType::array: return 0;
   }
   return 0;
 }
@@ -87,7 +95,8 @@ class Reader {
   }
   std::string read_string(const std::string& what, uint64_t max_len) {
     uint64_t n = read<uint64_t>(what + " (string length)");
-    if (n > max_len) fail(what, "string length " + std::to_string(n) + " exceeds the limit " + std::to_string(max_len));
+    if (n > max_len)
+      fail(what, "string length " + std::to_string(n) + " exceeds the limit " + std::to_string(max_len));
     need(size_t(n), what);
     std::string s(reinterpret_cast<const char*>(b_.data() + pos_), size_t(n));
     pos_ += size_t(n);
@@ -157,7 +166,8 @@ std::string tensor_size(GgmlType type, std::span<const int64_t> dims, uint64_t& 
   const GgmlTypeInfo& info = ggml_type_info(type);
   elems = 1;
   for (int64_t d : dims)
-    if (d < 0 || d > kMaxDim || !checked_mul(elems, uint64_t(d), elems)) return "dimensions overflow the element count";
+    if (d < 0 || d > kMaxDim || !checked_mul(elems, uint64_t(d), elems))
+      return "dimensions overflow the element count";
   if (!dims.empty() && dims[0] % info.block_elems != 0)
     return "dims[0] = " + std::to_string(dims[0]) + " is not a multiple of " + std::string(info.name) +
            "'s block of " + std::to_string(info.block_elems);
@@ -174,8 +184,8 @@ std::string dims_str(std::span<const int64_t> dims) {
 }  // namespace
 
 std::string_view gguf_type_name(GgufType t) {
-  static constexpr std::string_view names[] = {"u8",  "i8",  "u16",  "i16",    "u32", "i32", "f32",
-                                                "bool", "string", "array", "u64", "i64", "f64"};
+  static constexpr std::string_view names[] = {"u8",   "i8",     "u16",   "i16", "u32", "i32", "f32",
+                                               "bool", "string", "array", "u64", "i64", "f64"};
   return uint32_t(t) < std::size(names) ? names[uint32_t(t)] : "?";
 }
 
@@ -262,7 +272,8 @@ GgufFile::GgufFile(const fs::path& path) : map_(path) {
   const uint32_t magic = r.read<uint32_t>("header (magic)");
   if (magic != kMagic) r.fail("header", "not a GGUF file (the magic bytes are not \"GGUF\")");
   version_ = r.read<uint32_t>("header (version)");
-  if (version_ == 1) r.fail("header", "GGUF version 1 is not supported (re-convert the model with a current llama.cpp)");
+  if (version_ == 1)
+    r.fail("header", "GGUF version 1 is not supported (re-convert the model with a current llama.cpp)");
   if (__builtin_bswap32(version_) == 2 || __builtin_bswap32(version_) == 3)
     r.fail("header", "big-endian GGUF files are not supported");
   if (version_ != 2 && version_ != 3) r.fail("header", "unsupported GGUF version " + std::to_string(version_));
@@ -284,7 +295,8 @@ GgufFile::GgufFile(const fs::path& path) : map_(path) {
     metadata_.emplace_back(std::move(key), std::move(v));
   }
   if (const GgufValue* a = find("general.alignment")) {
-    if (a->type != GgufType::u32) fail_key("general.alignment", "must be a u32, not " + std::string(gguf_type_name(a->type)));
+    if (a->type != GgufType::u32)
+      fail_key("general.alignment", "must be a u32, not " + std::string(gguf_type_name(a->type)));
     if (a->integer == 0 || !std::has_single_bit(a->integer))
       fail_key("general.alignment", std::to_string(a->integer) + " is not a power of two");
     alignment_ = a->integer;
@@ -333,9 +345,9 @@ GgufFile::GgufFile(const fs::path& path) : map_(path) {
     GgufTensor& t = tensors_[i];
     const uint64_t bytes = sizes[i];
     if (t.offset > data_size || bytes > data_size - t.offset)
-      r.fail("tensor '" + t.name + "'", "data [" + std::to_string(t.offset) + ", " + std::to_string(t.offset + bytes) +
-                                            ") ends past the data section of " + std::to_string(data_size) +
-                                            " bytes (file truncated?)");
+      r.fail("tensor '" + t.name + "'", "data [" + std::to_string(t.offset) + ", " +
+                                            std::to_string(t.offset + bytes) + ") ends past the data section of " +
+                                            std::to_string(data_size) + " bytes (file truncated?)");
     t.data = map_.bytes().subspan(size_t(data_offset_ + t.offset), size_t(bytes));
     by_offset.push_back(&t);
   }
@@ -377,8 +389,9 @@ std::optional<int64_t> GgufFile::opt_int(std::string_view key) const {
   const GgufValue* v = find(key);
   if (!v) return std::nullopt;
   auto i = int_value(*v);
-  if (!i) fail_key(key, v->is_integer() ? "value does not fit a signed 64-bit integer"
-                                        : "expected an integer, found " + type_desc(*v));
+  if (!i)
+    fail_key(key, v->is_integer() ? "value does not fit a signed 64-bit integer"
+                                  : "expected an integer, found " + type_desc(*v));
   return i;
 }
 int64_t GgufFile::get_int(std::string_view key) const {
@@ -472,17 +485,24 @@ class Out {
     buf.insert(buf.end(), b, b + n);
   }
   template <class T>
-  void put(T v) { bytes(&v, sizeof v); }
+  void put(T v) {
+    bytes(&v, sizeof v);
+  }
   void string(const std::string& s) {
     put<uint64_t>(s.size());
     bytes(s.data(), s.size());
   }
   void value(const GgufValue& v, const std::string& key) {
     switch (v.type) {
-      case GgufType::u8: case GgufType::i8: case GgufType::boolean: put<uint8_t>(uint8_t(v.integer)); break;
-      case GgufType::u16: case GgufType::i16: put<uint16_t>(uint16_t(v.integer)); break;
-      case GgufType::u32: case GgufType::i32: put<uint32_t>(uint32_t(v.integer)); break;
-      case GgufType::u64: case GgufType::i64: put<uint64_t>(v.integer); break;
+      case GgufType::u8:
+      case GgufType::i8:
+      case GgufType::boolean: put<uint8_t>(uint8_t(v.integer)); break;
+      case GgufType::u16:
+      case GgufType::i16: put<uint16_t>(uint16_t(v.integer)); break;
+      case GgufType::u32:
+      case GgufType::i32: put<uint32_t>(uint32_t(v.integer)); break;
+      case GgufType::u64:
+      case GgufType::i64: put<uint64_t>(v.integer); break;
       case GgufType::f32: put<float>(float(v.real)); break;
       case GgufType::f64: put<double>(v.real); break;
       case GgufType::string: string(v.str); break;
@@ -585,7 +605,8 @@ std::function<void(size_t, std::span<std::byte>)> copy_data(std::span<const Gguf
 
 }  // namespace
 
-void write_gguf_streamed(const fs::path& path, const GgufMetadata& metadata, std::span<const GgufTensorToWrite> tensors,
+void write_gguf_streamed(const fs::path& path, const GgufMetadata& metadata,
+                         std::span<const GgufTensorToWrite> tensors,
                          const std::function<void(size_t, std::span<std::byte>)>& fill) {
   Layout l = layout(metadata, tensors, path);
   AtomicFileWriter w(path);
@@ -615,8 +636,7 @@ std::optional<fs::path> find_gguf_model(const fs::path& path) {
   std::vector<fs::path> ggufs;
   for (const auto& entry : fs::directory_iterator(path, ec)) {
     const fs::path& p = entry.path();
-    if (p.extension() == ".safetensors" || p.filename() == "config.json")
-      return std::nullopt;
+    if (p.extension() == ".safetensors" || p.filename() == "config.json") return std::nullopt;
     if (p.extension() == ".gguf") ggufs.push_back(p);
   }
   if (ggufs.empty()) return std::nullopt;

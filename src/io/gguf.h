@@ -22,17 +22,56 @@ namespace lmtune {
 
 // Metadata value types (gguf_type in ggml's gguf.h).
 enum class GgufType : uint32_t {
-  u8 = 0, i8 = 1, u16 = 2, i16 = 3, u32 = 4, i32 = 5, f32 = 6, boolean = 7, string = 8, array = 9,
-  u64 = 10, i64 = 11, f64 = 12,
+  u8 = 0,
+  i8 = 1,
+  u16 = 2,
+  i16 = 3,
+  u32 = 4,
+  i32 = 5,
+  f32 = 6,
+  boolean = 7,
+  string = 8,
+  array = 9,
+  u64 = 10,
+  i64 = 11,
+  f64 = 12,
 };
 std::string_view gguf_type_name(GgufType t);  // "u8", ..., "array"
 
 // Tensor element types (ggml_type). Every id ggml defines today; the removed ones (4, 5, 31-33, 36-38) are refused.
 enum class GgmlType : uint32_t {
-  F32 = 0, F16 = 1, Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8, Q8_1 = 9, Q2_K = 10, Q3_K = 11, Q4_K = 12,
-  Q5_K = 13, Q6_K = 14, Q8_K = 15, IQ2_XXS = 16, IQ2_XS = 17, IQ3_XXS = 18, IQ1_S = 19, IQ4_NL = 20, IQ3_S = 21,
-  IQ2_S = 22, IQ4_XS = 23, I8 = 24, I16 = 25, I32 = 26, I64 = 27, F64 = 28, IQ1_M = 29, BF16 = 30, TQ1_0 = 34,
-  TQ2_0 = 35, MXFP4 = 39,
+  F32 = 0,
+  F16 = 1,
+  Q4_0 = 2,
+  Q4_1 = 3,
+  Q5_0 = 6,
+  Q5_1 = 7,
+  Q8_0 = 8,
+  Q8_1 = 9,
+  Q2_K = 10,
+  Q3_K = 11,
+  Q4_K = 12,
+  Q5_K = 13,
+  Q6_K = 14,
+  Q8_K = 15,
+  IQ2_XXS = 16,
+  IQ2_XS = 17,
+  IQ3_XXS = 18,
+  IQ1_S = 19,
+  IQ4_NL = 20,
+  IQ3_S = 21,
+  IQ2_S = 22,
+  IQ4_XS = 23,
+  I8 = 24,
+  I16 = 25,
+  I32 = 26,
+  I64 = 27,
+  F64 = 28,
+  IQ1_M = 29,
+  BF16 = 30,
+  TQ1_0 = 34,
+  TQ2_0 = 35,
+  MXFP4 = 39,
 };
 struct GgmlTypeInfo {
   std::string_view name;  // "F32", "Q4_K", ... (ggml_type_name in upper case, as gguf-py's GGMLQuantizationType)
@@ -43,8 +82,8 @@ struct GgmlTypeInfo {
 std::optional<GgmlTypeInfo> ggml_type_info(uint32_t id);
 const GgmlTypeInfo& ggml_type_info(GgmlType t);
 
-// One metadata value. Integers keep their exact value whatever their width (`integer` holds signed types sign-extended
-// and unsigned ones as is), floats their value widened to double (an f32 round-trips exactly).
+// One metadata value. Integers keep their exact value whatever their width (`integer` holds signed types
+// sign-extended and unsigned ones as is), floats their value widened to double (an f32 round-trips exactly).
 struct GgufValue {
   GgufType type = GgufType::u32;
   GgufType elem_type = GgufType::u8;  // arrays only

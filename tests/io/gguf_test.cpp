@@ -10,8 +10,8 @@
 
 namespace lmtune {
 namespace {
-using testing::TempDir;
 using testing::file_error_message;
+using testing::TempDir;
 namespace fs = std::filesystem;
 
 std::vector<std::byte> random_bytes(size_t n, uint32_t seed) {
@@ -42,10 +42,10 @@ GgufMetadata every_type() {
   m.emplace_back("t.f32s", GgufValue::of_f32s({1.5f, -0.0f, 3e38f}));
   m.emplace_back("t.i32s", GgufValue::of_i32s({1, -2, 3}));
   m.emplace_back("t.empty", GgufValue::of_array(GgufType::u8, {}));
-  m.emplace_back("t.nested", GgufValue::of_array(GgufType::array, {GgufValue::of_i32s({1, 2}),
-                                                                   GgufValue::of_i32s({})}));
-  m.emplace_back("t.bools", GgufValue::of_array(GgufType::boolean, {GgufValue::of_bool(false),
-                                                                    GgufValue::of_bool(true)}));
+  m.emplace_back("t.nested",
+                 GgufValue::of_array(GgufType::array, {GgufValue::of_i32s({1, 2}), GgufValue::of_i32s({})}));
+  m.emplace_back("t.bools",
+                 GgufValue::of_array(GgufType::boolean, {GgufValue::of_bool(false), GgufValue::of_bool(true)}));
   return m;
 }
 
@@ -134,9 +134,19 @@ TEST(Gguf, WriterRejectsBadInput) {
 // Builds GGUF bytes by hand, independently of the writer.
 struct Builder {
   std::string s;
-  Builder& u32(uint32_t v) { s.append(reinterpret_cast<const char*>(&v), 4); return *this; }
-  Builder& u64(uint64_t v) { s += testing::le64(v); return *this; }
-  Builder& str(const std::string& x) { u64(x.size()); s += x; return *this; }
+  Builder& u32(uint32_t v) {
+    s.append(reinterpret_cast<const char*>(&v), 4);
+    return *this;
+  }
+  Builder& u64(uint64_t v) {
+    s += testing::le64(v);
+    return *this;
+  }
+  Builder& str(const std::string& x) {
+    u64(x.size());
+    s += x;
+    return *this;
+  }
   Builder& header(uint64_t n_tensors, uint64_t n_kv, uint32_t version = 3) {
     s = "GGUF";
     return u32(version).u64(n_tensors).u64(n_kv);
@@ -147,8 +157,14 @@ struct Builder {
     for (uint64_t d : dims) u64(d);
     return u32(type).u64(offset);
   }
-  Builder& pad(size_t align = 32) { s.append((align - s.size() % align) % align, '\0'); return *this; }
-  Builder& zeros(size_t n) { s.append(n, '\0'); return *this; }
+  Builder& pad(size_t align = 32) {
+    s.append((align - s.size() % align) % align, '\0');
+    return *this;
+  }
+  Builder& zeros(size_t n) {
+    s.append(n, '\0');
+    return *this;
+  }
 };
 
 TEST(Gguf, TruncatedAtEveryByteIsAnError) {
@@ -180,7 +196,8 @@ std::vector<BadCase> bad_cases() {
       {"big_endian", B().header(0, 0, 0x03000000).s, "big-endian"},
       {"huge_tensor_count", B().header(uint64_t(1) << 62, 0).s, "header (tensor count): 4611686018427387904 is more"},
       {"huge_kv_count", B().header(0, ~uint64_t(0)).s, "header (metadata count)"},
-      {"huge_key_length", B().header(0, 1).u64(uint64_t(1) << 40).zeros(16).s, "metadata entry 0 (key): string length"},
+      {"huge_key_length", B().header(0, 1).u64(uint64_t(1) << 40).zeros(16).s,
+       "metadata entry 0 (key): string length"},
       {"key_past_end", B().header(0, 1).u64(100).s + "abcdefgh", "metadata entry 0 (key): file truncated"},
       {"empty_key", B().header(0, 1).str("").u32(4).u32(1).s, "empty key"},
       {"non_utf8_key", B().header(0, 1).str("a\xff").u32(4).u32(1).s, "key is not valid UTF-8"},
@@ -191,11 +208,13 @@ std::vector<BadCase> bad_cases() {
       {"huge_array", B().header(0, 1).str("a").u32(9).u32(6).u64(uint64_t(1) << 61).s,
        "key 'a' (array length): 2305843009213693952 is more"},
       {"array_bad_elem", B().header(0, 1).str("a").u32(9).u32(77).u64(0).s, "unknown array element type 77"},
-      {"deep_array", [&] {
+      {"deep_array",
+       [&] {
          Builder b = B().header(0, 1).str("a").u32(9);
          for (int i = 0; i < 9; ++i) b.u32(9).u64(1);
          return b.u32(4).u64(0).s;
-       }(), "nested deeper than 8"},
+       }(),
+       "nested deeper than 8"},
       {"alignment_type", B().header(0, 1).str("general.alignment").u32(10).u64(32).s,
        "key 'general.alignment': must be a u32"},
       {"alignment_zero", B().header(0, 1).kv_u32("general.alignment", 0).s, "0 is not a power of two"},
@@ -211,7 +230,8 @@ std::vector<BadCase> bad_cases() {
       {"huge_dim", B().header(1, 0).tensor("w", {uint64_t(1) << 60}, 0, 0).s, "dimension 1152921504606846976"},
       {"dims_overflow", B().header(1, 0).tensor("w", {1ull << 40, 1ull << 40}, 0, 0).pad().s, "overflow"},
       {"removed_type", B().header(1, 0).tensor("w", {4}, 4, 0).pad().zeros(16).s, "unknown ggml type 4"},
-      {"unknown_type", B().header(1, 0).tensor("w", {4}, 99, 0).pad().zeros(16).s, "tensor 'w': unknown ggml type 99"},
+      {"unknown_type", B().header(1, 0).tensor("w", {4}, 99, 0).pad().zeros(16).s,
+       "tensor 'w': unknown ggml type 99"},
       {"partial_block", B().header(1, 0).tensor("w", {100}, 12, 0).pad().zeros(512).s,
        "not a multiple of Q4_K's block of 256"},
       {"misaligned", B().header(1, 0).tensor("w", {4}, 0, 4).pad().zeros(64).s,
