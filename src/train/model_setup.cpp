@@ -9,6 +9,7 @@
 #include "core/backend.h"
 #include "core/error.h"
 #include "core/ops.h"
+#include "io/gguf.h"
 #include "io/hf_config.h"
 #include "infer/model_checks.h"
 #include "io/peft_adapter.h"
@@ -171,6 +172,7 @@ void check_recipe_fits(const Recipe& r, const Tokenizer& tokenizer, Device devic
 void check_model_files(const Recipe& r) {
   namespace fs = std::filesystem;
   const fs::path dir = r.model;
+  if (find_gguf_model(dir)) return;  // a GGUF model is one file, validated when it is opened
   if (!fs::is_directory(dir)) throw FileError(r.model + ": model directory not found (recipe key 'model')");
   if (!fs::exists(dir / "config.json")) throw FileError(r.model + ": missing config.json");
   if (!fs::exists(dir / "model.safetensors") && !fs::exists(dir / "model.safetensors.index.json"))
@@ -180,7 +182,8 @@ void check_model_files(const Recipe& r) {
 
 TrainableModel build_trainable_model(const Recipe& r, Device device) {
   namespace fs = std::filesystem;
-  if (!fs::is_directory(r.model)) throw FileError(r.model + ": model directory not found (recipe key 'model')");
+  if (!fs::is_directory(r.model) && !find_gguf_model(r.model))
+    throw FileError(r.model + ": model directory not found (recipe key 'model')");
   const DType compute = compute_dtype(r);
   TrainableModel tm;
   if (r.finetune == Finetune::full) {
