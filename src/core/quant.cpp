@@ -25,7 +25,7 @@ float load_f16(const std::byte* p) { return f16_to_f32(load_u16(p)); }
 void store_f16(std::byte* p, float v) { uint16_t h = f32_to_f16(v); std::memcpy(p, &h, 2); }
 const uint8_t* bytes(const std::byte* p) { return reinterpret_cast<const uint8_t*>(p); }
 uint8_t* bytes(std::byte* p) { return reinterpret_cast<uint8_t*>(p); }
-int nearest_int(float v) { return int(std::lrintf(v)); }
+int nearest_int(float v) { return int(std::lrintf(v)); }  // ties to even, as ggml's nearest_int (k-quants)
 
 // ---- q8_0, q4_0 ----
 
@@ -35,7 +35,8 @@ void quantize_q8_0(const float* x, std::byte* out) {
   const float d = amax / 127.0f, id = d > 0 ? 1.0f / d : 0.0f;
   store_f16(out, d);
   auto* q = reinterpret_cast<int8_t*>(out + 2);
-  for (int j = 0; j < 32; ++j) q[j] = int8_t(std::clamp(nearest_int(x[j] * id), -127, 127));
+  // roundf (ties away from zero) as ggml's quantize_row_q8_0_ref, so files match llama.cpp's bit for bit.
+  for (int j = 0; j < 32; ++j) q[j] = int8_t(std::clamp(int(std::roundf(x[j] * id)), -127, 127));
 }
 void dequantize_q8_0(const std::byte* in, float* y) {
   const float d = load_f16(in);
@@ -51,9 +52,10 @@ void quantize_q4_0(const float* x, std::byte* out) {
   const float d = max / -8.0f, id = d != 0 ? 1.0f / d : 0.0f;
   store_f16(out, d);
   uint8_t* qs = bytes(out + 2);
+  // ggml's rounding: truncating x / d + 8.5 toward zero.
   for (int j = 0; j < 16; ++j) {
-    const int lo = std::clamp(nearest_int(x[j] * id) + 8, 0, 15);
-    const int hi = std::clamp(nearest_int(x[j + 16] * id) + 8, 0, 15);
+    const int lo = std::min(15, int(int8_t(x[j] * id + 8.5f)));
+    const int hi = std::min(15, int(int8_t(x[j + 16] * id + 8.5f)));
     qs[j] = uint8_t(lo | (hi << 4));
   }
 }

@@ -170,19 +170,21 @@ void write_cache(const std::filesystem::path& file, const Dataset& ds) {
   const DatasetStats& st = ds.stats;
   std::vector<int64_t> stats{st.lines, st.samples, st.tokens, st.trainable_tokens, st.truncated, st.dropped_overlong,
                              st.rejected_untrainable};
-  std::filesystem::create_directories(file.parent_path());
-  auto tmp = temp_path_next_to(file);
-  {
-    Hdf5File h5 = Hdf5File::create(tmp);
-    h5.write<int32_t>("ids", ids, {int64_t(ids.size())});
-    h5.write<uint8_t>("trainable", trainable, {int64_t(trainable.size())});
-    h5.write<int64_t>("offsets", offsets, {int64_t(offsets.size())});
-    h5.write<int64_t>("stats", stats, {int64_t(stats.size())});
-    h5.set_attr("/", "hash", ds.hash);
-    h5.set_attr("/", "format", ds.stats.format);
-    h5.close();
+  // The cache only saves tokenizing again: a write that fails (a full disk) leaves no file behind and the run
+  // goes on with the samples in memory.
+  try {
+    std::filesystem::create_directories(file.parent_path());
+    save_hdf5_atomic(file, [&](Hdf5File& h5) {
+      h5.write<int32_t>("ids", ids, {int64_t(ids.size())});
+      h5.write<uint8_t>("trainable", trainable, {int64_t(trainable.size())});
+      h5.write<int64_t>("offsets", offsets, {int64_t(offsets.size())});
+      h5.write<int64_t>("stats", stats, {int64_t(stats.size())});
+      h5.set_attr("/", "hash", ds.hash);
+      h5.set_attr("/", "format", ds.stats.format);
+    });
+  } catch (const std::exception& e) {
+    spdlog::warn("token cache {} not written ({}); continuing without it", file.string(), e.what());
   }
-  atomic_rename(tmp, file);
 }
 
 }  // namespace

@@ -2,6 +2,11 @@
 // packing (positions, document ids, targets) with resumable cursors.
 #include <gtest/gtest.h>
 
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <csignal>
 #include <filesystem>
 #include <fstream>
 #include <set>
@@ -134,6 +139,42 @@ TEST(Dataset, TokenCacheIsReusedAndKeyedByContent) {
   DataOptions opt;
   opt.max_seq_len = 8;
   EXPECT_NE(load_dataset(f, qwen(), opt, d.path / "cache").hash, c.hash);
+}
+
+// A full disk while the token cache is written (a child whose files may not pass 16 KiB: RLIMIT_FSIZE with
+// SIGXFSZ ignored, writes fail with EFBIG as with ENOSPC): the samples are still returned, and neither the cache
+// nor its temporary file is left in the cache directory.
+TEST(Dataset, TokenCacheWriteThatFailsLeavesNothingBehind) {
+  TempDir d;
+  std::string text;
+  for (int i = 0; i < 300; ++i)
+    text += "{\"text\": \"line " + std::to_string(i) + " of a corpus too large for the cache to be written\"}\n";
+  auto f = d.write("big.jsonl", text);
+  const fs::path cache = d.path / "cache";
+  fs::create_directories(cache);
+  const pid_t pid = ::fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    std::signal(SIGXFSZ, SIG_IGN);
+    const rlimit limit{16384, 16384};
+    if (::setrlimit(RLIMIT_FSIZE, &limit) != 0) std::_Exit(99);
+    int code = 10;
+    try {
+      if (load_dataset(f, qwen(), {}, cache).samples.size() != 300) code = 11;
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "%s\n", e.what());
+      code = 12;
+    }
+    std::exit(code);
+  }
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  ASSERT_TRUE(WIFEXITED(status)) << "child killed by a signal";
+  EXPECT_EQ(WEXITSTATUS(status), 10) << "11: samples lost, 12: the failed cache write stopped loading";
+  EXPECT_TRUE(fs::is_empty(cache)) << (fs::is_empty(cache) ? "" : fs::directory_iterator(cache)->path().string());
+  // Without the limit the cache is written.
+  EXPECT_EQ(load_dataset(f, qwen(), {}, cache).samples.size(), 300u);
+  EXPECT_FALSE(fs::is_empty(cache));
 }
 
 namespace {
