@@ -46,13 +46,14 @@ run_model() {  # MODEL OUT_PREFIX
 }
 check() {  # preset tokenizer-fixture arch reference-types
   local name=$1 tok=$2 arch=$3 refs=$4 m="$T/$1"
-  "$L" --device cpu init --config "$SRC/configs/presets/$name.yaml" --tokenizer "$SRC/tests/fixtures/npm/$tok/models" \
-    --out "$m" --dtype f32 --log-level warn
+  "$L" --device cpu init --config "$SRC/configs/presets/$name.yaml" \
+    --tokenizer "$SRC/tests/fixtures/npm/$tok/models" --out "$m" --dtype f32 --log-level warn
   adapter "$m" "$m.ad"
   "$L" --device cpu export --model "$m" --adapter "$m.ad" --merge --dtype f32 --out "$m.hf" --log-level warn
   "$L" --device cpu export --model "$m" --adapter "$m.ad" --merge --format gguf --quantize "$KIND" \
     --out "$m.out/" --log-level warn
-  [ "$(grep -v '^#' "$m.out/Modelfile")" = "FROM ./model.gguf" ] || fail "$name: merged Modelfile: $(cat "$m.out/Modelfile")"
+  [ "$(grep -v '^#' "$m.out/Modelfile")" = "FROM ./model.gguf" ] \
+    || fail "$name: merged Modelfile: $(cat "$m.out/Modelfile")"
   local run_ref="$m.hf"
   if [ "$KIND" = f16 ]; then
     "$L" --device cpu export --model "$m" --adapter "$m.ad" --merge --dtype f16 --out "$m.hf16" --log-level warn
@@ -95,7 +96,7 @@ PY
 check tiny-llama llama3 llama "$KIND"
 check tiny-gemma2 llama2 gemma2 "f16 q8_0"
 # Bad input: one line naming the problem, exit status 1.
-if "$L" --device cpu export --model "$T/tiny-llama" --adapter "$T/tiny-llama.ad" --merge --format gguf --quantize q3_k \
-  --out "$T/x.gguf" 2> "$T/err.txt"; then fail "--quantize q3_k accepted"; fi
+if "$L" --device cpu export --model "$T/tiny-llama" --adapter "$T/tiny-llama.ad" --merge --format gguf \
+  --quantize q3_k --out "$T/x.gguf" 2> "$T/err.txt"; then fail "--quantize q3_k accepted"; fi
 grep -q "q3_k" "$T/err.txt" || fail "the error does not name the value: $(cat "$T/err.txt")"
 echo "gguf export ($KIND) ok"

@@ -2,7 +2,8 @@
 """Compares two GGUF files with a minimal reader of its own (standard library only), so lmtune's writer is checked
 against tests/scripts/hf_to_gguf.py without lmtune's reader in the loop: the same tensors (name, type, dims; bytes
 equal, F32 data within a relative 1e-6 where the two sides compute a value in different precisions, e.g.
-rope_freqs, Q8_0 quants within one step on exact ties, see same_q8_0) in any order, and the same values for the metadata keys named.
+rope_freqs, Q8_0 quants within one step on exact ties, see same_q8_0) in any order, and the same values for the
+metadata keys named.
 Usage: gguf_compare.py A.gguf B.gguf [KEY_OR_PREFIX* ...]   (a key ending in '*' names every key it starts)
 Exit status 1 with the differences listed.
 """
@@ -10,7 +11,8 @@ import struct
 import sys
 
 SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
-BLOCKS = {0: (1, 4), 1: (1, 2), 8: (32, 34), 12: (256, 144), 14: (256, 210), 30: (1, 2)}  # type: (elems, bytes)
+# ggml type: (elements, bytes) per block
+BLOCKS = {0: (1, 4), 1: (1, 2), 8: (32, 34), 12: (256, 144), 14: (256, 210), 30: (1, 2)}
 
 
 def read(path):
