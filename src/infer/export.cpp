@@ -7,6 +7,7 @@
 #include "core/autodiff.h"
 #include "core/error.h"
 #include "core/ops.h"
+#include "core/quant.h"
 #include "io/atomic_file.h"
 #include "io/hf_config.h"
 #include "models/adapters.h"
@@ -57,6 +58,20 @@ void export_adapter(const fs::path& model_dir, const AdapterSpec& spec, const fs
   save_peft_adapter(p, out);
 }
 
+void merge_adapters(models::Decoder& decoder, const std::vector<AdapterSpec>& adapters) {
+  NoGrad no_grad;
+  for (const AdapterSpec& spec : adapters) load_adapter(decoder, spec);
+  for (models::Linear* lin : decoder.weights().linears()) {
+    if (lin->adapters.empty()) continue;
+    if (!lin->weight.defined() && lin->qweight.defined()) {
+      lin->weight = quant::dequantize(lin->qweight, DType::f32);
+      lin->qweight = {};
+    }
+    lin->weight = lin->merged_weight();
+    lin->adapters.clear();
+  }
+}
+
 void export_merged(const fs::path& model_dir, const std::vector<AdapterSpec>& adapters, const fs::path& out,
                    std::optional<DType> dtype) {
   NoGrad no_grad;
@@ -66,12 +81,7 @@ void export_merged(const fs::path& model_dir, const std::vector<AdapterSpec>& ad
   DType out_dtype = dtype ? *dtype : config.torch_dtype.empty() ? DType::f32 : parse_dtype(config.torch_dtype);
   // Merge in f32 on the CPU, whatever the output dtype: W + scale · B A is rounded once, at the end.
   models::Decoder decoder = models::load_decoder(model_dir, DType::f32, DType::f32, Device::cpu());
-  for (const AdapterSpec& spec : adapters) load_adapter(decoder, spec);
-  for (models::Linear* lin : decoder.weights().linears()) {
-    if (lin->adapters.empty()) continue;
-    lin->weight = lin->merged_weight();
-    lin->adapters.clear();
-  }
+  merge_adapters(decoder, adapters);
   fs::create_directories(out);
   models::save_weights(decoder.config(), decoder.weights(), out, out_dtype);
   // config.json: the input's own keys (so transformers reads the same model), with the new dtype.

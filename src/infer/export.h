@@ -15,6 +15,10 @@ namespace lmtune::infer {
 // folded into lora_B when it is not 1).
 void export_adapter(const std::filesystem::path& model_dir, const AdapterSpec& spec, const std::filesystem::path& out);
 
+// Loads each adapter onto the decoder (validated) and folds them all into the base weights, W + Σ scale · B A in
+// f32 (a quantized base weight is dequantized first), leaving no adapter attached.
+void merge_adapters(models::Decoder& decoder, const std::vector<AdapterSpec>& adapters);
+
 // Writes config.json (the input's, torch_dtype updated), generation_config.json, model.safetensors (sharded as
 // save_weights does) and the tokenizer files of model_dir into `out`, with every adapter merged. dtype: the
 // output weights' dtype; default the base checkpoint's (config torch_dtype, else f32).

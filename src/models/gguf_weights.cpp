@@ -20,17 +20,6 @@ namespace fs = std::filesystem;
 
 namespace {
 
-// convert_hf_to_gguf.py's LlamaModel.permute interleaves the two rotary halves of every head's rows:
-// GGUF row h*D + 2k + j holds HF row h*D + j*D/2 + k. Returns, for each HF row, the GGUF row it comes from.
-std::vector<int64_t> unpermute_rows(int64_t rows, int64_t heads) {
-  const int64_t D = rows / heads, half = D / 2;
-  std::vector<int64_t> from(static_cast<size_t>(rows));
-  for (int64_t h = 0; h < heads; ++h)
-    for (int64_t j = 0; j < 2; ++j)
-      for (int64_t k = 0; k < half; ++k) from[size_t(h * D + j * half + k)] = h * D + 2 * k + j;
-  return from;
-}
-
 // Rows of `row_bytes` bytes reordered so that out row r is in row from[r].
 std::vector<std::byte> gather_rows(std::span<const std::byte> in, const std::vector<int64_t>& from,
                                    size_t row_bytes) {
@@ -45,21 +34,19 @@ struct Loader {
   const GgufFile& file;
   DType dtype;
   Device device;
-  bool llama_arch;  // q/k rows are permuted
+  std::string arch;  // general.architecture (the llama one permutes q/k rows)
   bool gemma;       // norms are stored as 1 + w
 
   [[noreturn]] void fail(const GgufTensor& t, const std::string& problem) const {
     throw FileError(file.path().string() + ": tensor '" + t.name + "' " + problem);
   }
 
-  // The row order to undo for this parameter, or empty.
-  std::vector<int64_t> row_order(const std::string& hf_name, int64_t rows) const {
-    if (!llama_arch) return {};
-    if (hf_name.find("self_attn.q_proj.") != std::string::npos)
-      return unpermute_rows(rows, config.num_attention_heads);
-    if (hf_name.find("self_attn.k_proj.") != std::string::npos)
-      return unpermute_rows(rows, config.num_key_value_heads);
-    return {};
+  // The row order to undo for this parameter (HF row r is GGUF row from[r]), or empty.
+  std::vector<int64_t> row_order(const std::string& hf_name) const {
+    const std::vector<int64_t> hf_row = gguf_row_order(hf_name, config, arch);
+    std::vector<int64_t> from(hf_row.size());
+    for (size_t g = 0; g < hf_row.size(); ++g) from[size_t(hf_row[g])] = int64_t(g);
+    return from;
   }
 
   // Elements as f32 (dequantizing a block format), rows in HF order.
@@ -91,7 +78,7 @@ struct Loader {
   Tensor dense(const std::string& hf_name, const GgufTensor& t, const Shape& shape, ParamInit init) const {
     std::vector<float> v = floats(t, shape);
     const int64_t cols = shape.back();
-    if (auto order = row_order(hf_name, shape[0]); !order.empty()) {
+    if (auto order = row_order(hf_name); !order.empty()) {
       std::vector<float> out(v.size());
       for (size_t r = 0; r < order.size(); ++r)
         std::copy_n(v.begin() + order[r] * cols, cols, out.begin() + int64_t(r) * cols);
@@ -108,7 +95,7 @@ struct Loader {
   quant::QuantizedTensor blocks(const std::string& hf_name, const GgufTensor& t, const Shape& shape,
                                 quant::Format format) const {
     const size_t rb = quant::row_bytes(format, shape[1]);
-    if (auto order = row_order(hf_name, shape[0]); !order.empty())
+    if (auto order = row_order(hf_name); !order.empty())
       return quant::from_blocks(format, shape, gather_rows(t.data, order, rb), device);
     return quant::from_blocks(format, shape, t.data, device);
   }
@@ -137,7 +124,7 @@ DecoderWeights load_gguf_weights(const ModelConfig& config, const fs::path& path
   if (!is_float(dtype)) throw ConfigError("load_weights: weight dtype must be f32, f16 or bf16");
   GgufFile file(path);
   const std::string arch = file.get_string("general.architecture");
-  Loader loader{config, file, dtype, device, arch == "llama", config.norm_style == NormStyle::one_plus_weight};
+  Loader loader{config, file, dtype, device, arch, config.norm_style == NormStyle::one_plus_weight};
   DecoderWeights w;
   std::set<std::string> used = {"rope_freqs.weight"};  // read by gguf_model_config
   for (const ParamRef& p : parameter_map(config, w)) loader.load(p, used);

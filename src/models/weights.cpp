@@ -90,6 +90,21 @@ std::string gguf_tensor_name(const std::string& hf, const ModelConfig& config) {
   throw ConfigError("gguf_tensor_name: no GGUF name for '" + hf + "'");
 }
 
+std::vector<int64_t> gguf_row_order(const std::string& hf_name, const ModelConfig& config,
+                                    const std::string& gguf_arch) {
+  if (gguf_arch != "llama") return {};
+  int64_t heads = 0;
+  if (hf_name.find("self_attn.q_proj.") != std::string::npos) heads = config.num_attention_heads;
+  if (hf_name.find("self_attn.k_proj.") != std::string::npos) heads = config.num_key_value_heads;
+  if (heads == 0) return {};
+  const int64_t D = config.head_dim, half = D / 2;
+  std::vector<int64_t> hf_row(size_t(heads * D));
+  for (int64_t h = 0; h < heads; ++h)
+    for (int64_t k = 0; k < half; ++k)
+      for (int64_t j = 0; j < 2; ++j) hf_row[size_t(h * D + 2 * k + j)] = h * D + j * half + k;
+  return hf_row;
+}
+
 int64_t parameter_count(const ModelConfig& config) {
   DecoderWeights w;
   int64_t n = 0;

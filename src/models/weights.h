@@ -40,6 +40,12 @@ std::vector<ParamRef> parameter_map(const ModelConfig& config, DecoderWeights& w
 // ffn_norm in both layouts (Llama's post_attention_layernorm, Gemma's pre_feedforward_layernorm).
 std::string gguf_tensor_name(const std::string& hf_name, const ModelConfig& config);
 
+// The rows convert_hf_to_gguf.py reorders: for the llama architecture (LlamaModel.permute) each head's q and k rows
+// (weight and bias) have their two rotary halves interleaved, GGUF row h·D + 2k + j holding HF row h·D + j·D/2 + k.
+// Returns, for each GGUF row, the HF row it holds; empty when `hf_name` is not reordered in `gguf_arch`.
+std::vector<int64_t> gguf_row_order(const std::string& hf_name, const ModelConfig& config,
+                                    const std::string& gguf_arch);
+
 // Total parameters (the tied lm_head counted once).
 int64_t parameter_count(const ModelConfig& config);
 

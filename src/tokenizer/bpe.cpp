@@ -92,6 +92,17 @@ Bpe::Bpe(const json& model, const Origin& origin) {
                             vocab_.count(metaspace) > 0;
 }
 
+std::vector<std::pair<int32_t, int32_t>> Bpe::ranked_merges() const {
+  std::vector<std::pair<int32_t, uint64_t>> by_rank;  // (rank, pair key)
+  by_rank.reserve(merges_.size());
+  for (const auto& [key, merge] : merges_) by_rank.emplace_back(merge.rank, key);
+  std::sort(by_rank.begin(), by_rank.end());
+  std::vector<std::pair<int32_t, int32_t>> out;
+  out.reserve(by_rank.size());
+  for (const auto& [rank, key] : by_rank) out.emplace_back(int32_t(key >> 32), int32_t(key & 0xffffffffu));
+  return out;
+}
+
 void Bpe::encode_word(std::string_view word, std::vector<int32_t>& out) const {
   if (word.empty()) return;
   if (ignore_merges_) {

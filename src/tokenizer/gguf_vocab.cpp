@@ -3,7 +3,12 @@
 // regex that tokenizer.ggml.pre names (as llama.cpp's llama-vocab.cpp chooses it); model "llama" is SentencePiece BPE
 // with byte fallback, its merges rebuilt from the scores as transformers' GGUF loader does (a merge ranks by the
 // score of the piece it makes). Control tokens become special added tokens, user-defined ones non-special added
-// tokens.
+// tokens. Writing (gguf_tokenizer_metadata) is the inverse: it names the pre-tokenizer from the same table and
+// refuses what the reader would rebuild differently.
+#include "tokenizer/gguf_vocab.h"
+
+#include <spdlog/spdlog.h>
+
 #include <algorithm>
 #include <nlohmann/json.hpp>
 #include <unordered_map>
@@ -11,6 +16,7 @@
 #include "core/error.h"
 #include "io/gguf.h"
 #include "tokenizer/tokenizer.h"
+#include "tokenizer/tokenizer_internal.h"
 
 namespace lmtune {
 using nlohmann::json;
@@ -203,6 +209,156 @@ Tokenizer Tokenizer::from_gguf(const GgufFile& f) {
   if (auto pad = token_id(f, "tokenizer.ggml.padding_token_id", n)) t.pad_id_ = int32_t(*pad);
   t.chat_template_ = f.opt_string("tokenizer.chat_template").value_or("");
   return t;
+}
+
+}  // namespace lmtune
+
+// ---- Writing ---------------------------------------------------------------------------------------------------
+namespace lmtune {
+namespace {
+
+[[noreturn]] void refuse(const tok::Pipeline& p, const std::string& what) {
+  throw ConfigError("GGUF export: " + p.name + ": " + what + " has no GGUF form (llama.cpp would tokenize "
+                    "differently)");
+}
+
+std::string type_of(const json& j) { return j.is_object() ? j.value("type", std::string()) : std::string(); }
+
+// The regex of a Sequence [Split(Regex), ByteLevel] pre-tokenizer, or "".
+std::string split_regex(const json& pre) {
+  if (type_of(pre) != "Sequence") return "";
+  const json& list = pre.value("pretokenizers", json::array());
+  if (list.size() != 2 || type_of(list[0]) != "Split" || type_of(list[1]) != "ByteLevel") return "";
+  const json& pattern = list[0].value("pattern", json());
+  return pattern.is_object() && pattern.contains("Regex") && pattern["Regex"].is_string()
+             ? pattern["Regex"].get<std::string>()
+             : "";
+}
+
+// tokenizer.ggml.pre of a byte-level tokenizer; the normalizer and ignore_merges must be what gpt2_pipeline
+// rebuilds for that name.
+std::string gpt2_pre_name(const tok::Pipeline& p) {
+  const json& pre = p.pre_tokenizer_spec;
+  const std::string regex = split_regex(pre);
+  std::string name;
+  if (type_of(pre) == "ByteLevel" && pre.value("use_regex", true)) name = "gpt-2";
+  else if (regex == kLlama3Regex) name = "llama-bpe";
+  else if (regex == kQwen2Regex) name = "qwen2";
+  else refuse(p, "the pre-tokenizer " + pre.dump().substr(0, 300));
+  const bool nfc = type_of(p.normalizer_spec) == "NFC";
+  if (name == "qwen2" ? !nfc : !p.normalizer_spec.is_null())
+    refuse(p, "the normalizer " + p.normalizer_spec.dump() + " with the " + name + " pre-tokenizer");
+  if (p.model->ignore_merges() != (name == "llama-bpe"))
+    refuse(p, std::string("ignore_merges ") + (p.model->ignore_merges() ? "true" : "false") + " with the " + name +
+                  " pre-tokenizer");
+  return name;
+}
+
+// Whether a SentencePiece-style tokenizer prepends ▁ (tokenizer.ggml.add_space_prefix). Its pre-tokenizer must be
+// none, a Metaspace that does not split, or a split on " " (a no-op once the normalizer made spaces ▁).
+bool spm_space_prefix(const tok::Pipeline& p) {
+  const json& pre = p.pre_tokenizer_spec;
+  if (type_of(pre) == "Metaspace" && !pre.value("split", true))
+    return pre.value("prepend_scheme", std::string("always")) != "never";
+  const bool space_split = type_of(pre) == "Split" && pre.value("pattern", json()) == json{{"String", " "}};
+  if (!pre.is_null() && !space_split) refuse(p, "the pre-tokenizer " + pre.dump().substr(0, 300));
+  return p.normalizer_spec.dump().find("\"Prepend\"") != std::string::npos;
+}
+
+bool is_byte_token(const std::string& t) {
+  return t.size() == 6 && t.rfind("<0x", 0) == 0 && t[5] == '>' && std::isxdigit(static_cast<unsigned char>(t[3])) &&
+         std::isxdigit(static_cast<unsigned char>(t[4]));
+}
+
+// SentencePiece scores that make llama.cpp (and from_gguf) merge in the BPE model's order: the piece the k-th merge
+// makes scores -k, single characters 0, anything else far below.
+std::vector<float> spm_scores(const tok::Pipeline& p, const std::vector<std::string>& tokens,
+                              const std::vector<int32_t>& types) {
+  constexpr float kUnmade = -1e9f;
+  std::vector<float> scores(tokens.size(), kUnmade);
+  for (size_t i = 0; i < tokens.size(); ++i)
+    if (types[i] == kNormal && !tokens[i].empty() &&
+        tok::utf8_char_length(static_cast<unsigned char>(tokens[i][0])) == tokens[i].size())
+      scores[i] = 0.0f;
+  const auto merges = p.model->ranked_merges();
+  for (size_t r = 0; r < merges.size(); ++r) {
+    auto it = p.model->vocab().find(p.id_to_token[size_t(merges[r].first)] + p.id_to_token[size_t(merges[r].second)]);
+    if (it != p.model->vocab().end() && scores[size_t(it->second)] == kUnmade)
+      scores[size_t(it->second)] = -float(r + 1);
+  }
+  return scores;
+}
+
+// add_bos_token / add_eos_token as the post-processor behaves: what it puts around an encoded text.
+void special_additions(const Tokenizer& t, GgufMetadata& m) {
+  const std::vector<int32_t> plain = t.encode("a", false), with = t.encode("a", true);
+  auto at = std::search(with.begin(), with.end(), plain.begin(), plain.end());
+  if (at == with.end()) refuse(t.pipeline(), "a post-processor that rewrites the encoded text");
+  const std::vector<int32_t> prefix(with.begin(), at), suffix(at + int64_t(plain.size()), with.end());
+  const std::vector<int32_t> eos = t.eos_ids().empty() ? std::vector<int32_t>{} : std::vector{t.eos_ids()[0]};
+  const std::vector<int32_t> bos = t.bos_id() ? std::vector{*t.bos_id()} : std::vector<int32_t>{};
+  if (!prefix.empty() && prefix != bos) refuse(t.pipeline(), "a post-processor that prepends other than bos");
+  if (!suffix.empty() && suffix != eos) refuse(t.pipeline(), "a post-processor that appends other than eos");
+  m.emplace_back("tokenizer.ggml.add_bos_token", GgufValue::of_bool(!prefix.empty()));
+  m.emplace_back("tokenizer.ggml.add_eos_token", GgufValue::of_bool(!suffix.empty()));
+}
+
+// bos, eos (the first end-of-generation id), eot and eom (the next two: llama.cpp ends generation on all three),
+// padding and unknown ids.
+void special_ids(const Tokenizer& t, GgufMetadata& m) {
+  auto id = [&](const char* key, int32_t v) { m.emplace_back(key, GgufValue::of_u32(uint32_t(v))); };
+  if (t.bos_id()) id("tokenizer.ggml.bos_token_id", *t.bos_id());
+  const std::vector<int32_t> eos = t.eos_ids();
+  const char* keys[] = {"tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id"};
+  for (size_t i = 0; i < eos.size() && i < 3; ++i) id(keys[i], eos[i]);
+  if (eos.size() > 3)
+    spdlog::warn("GGUF export: {} end-of-generation tokens; GGUF names three (eos, eot, eom), '{}' and later ones "
+                 "are left out (llama.cpp still recognises the usual ones by their text)",
+                 eos.size(), t.token(eos[3]));
+  if (t.pad_id()) id("tokenizer.ggml.padding_token_id", *t.pad_id());
+  if (auto unk = t.pipeline().model->unk_id()) id("tokenizer.ggml.unknown_token_id", *unk);
+}
+
+}  // namespace
+
+GgufMetadata gguf_tokenizer_metadata(const Tokenizer& t, int64_t vocab_size) {
+  const tok::Pipeline& p = t.pipeline();
+  if (t.vocab_size() > vocab_size)
+    throw ConfigError("GGUF export: " + p.name + ": the tokenizer has " + std::to_string(t.vocab_size()) +
+                      " tokens but the model only " + std::to_string(vocab_size) + " embedding rows");
+  const bool spm = p.model->byte_fallback();
+  std::vector<std::string> tokens(static_cast<size_t>(vocab_size));
+  std::vector<int32_t> types(size_t(vocab_size), kNormal);
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    if (i >= p.id_to_token.size() || p.id_to_token[i].empty()) {
+      tokens[i] = "[PAD" + std::to_string(i) + "]";
+      types[i] = kUnused;
+      continue;
+    }
+    tokens[i] = p.id_to_token[i];
+    if (p.added[i]) types[i] = p.special[i] ? kControl : kUserDefined;
+    else if (spm && is_byte_token(tokens[i])) types[i] = kByte;
+  }
+  if (auto unk = p.model->unk_id(); unk && spm) types[size_t(*unk)] = kUnknown;
+
+  GgufMetadata m;
+  m.emplace_back("tokenizer.ggml.model", GgufValue::of_string(spm ? "llama" : "gpt2"));
+  m.emplace_back("tokenizer.ggml.pre", GgufValue::of_string(spm ? "default" : gpt2_pre_name(p)));
+  m.emplace_back("tokenizer.ggml.tokens", GgufValue::of_strings(tokens));
+  if (spm) m.emplace_back("tokenizer.ggml.scores", GgufValue::of_f32s(spm_scores(p, tokens, types)));
+  m.emplace_back("tokenizer.ggml.token_type", GgufValue::of_i32s(types));
+  if (spm) {
+    m.emplace_back("tokenizer.ggml.add_space_prefix", GgufValue::of_bool(spm_space_prefix(p)));
+  } else {
+    std::vector<std::string> merges;
+    for (const auto& [a, b] : p.model->ranked_merges())
+      merges.push_back(p.id_to_token[size_t(a)] + " " + p.id_to_token[size_t(b)]);
+    m.emplace_back("tokenizer.ggml.merges", GgufValue::of_strings(merges));
+  }
+  special_ids(t, m);
+  special_additions(t, m);
+  if (!t.chat_template().empty()) m.emplace_back("tokenizer.chat_template", GgufValue::of_string(t.chat_template()));
+  return m;
 }
 
 }  // namespace lmtune

@@ -151,8 +151,10 @@ Tokenizer Tokenizer::from_json_string(std::string_view text, const std::string& 
   tok::Origin origin{name, ""};
   auto p = std::make_shared<tok::Pipeline>();
   p->name = name;
-  p->normalizer = tok::make_normalizer(root.value("normalizer", json()), origin.at("normalizer"));
-  p->pre_tokenizer = tok::make_pre_tokenizer(root.value("pre_tokenizer", json()), origin.at("pre_tokenizer"));
+  p->normalizer_spec = root.value("normalizer", json());
+  p->pre_tokenizer_spec = root.value("pre_tokenizer", json());
+  p->normalizer = tok::make_normalizer(p->normalizer_spec, origin.at("normalizer"));
+  p->pre_tokenizer = tok::make_pre_tokenizer(p->pre_tokenizer_spec, origin.at("pre_tokenizer"));
   p->model = std::make_unique<tok::Bpe>(root["model"], origin.at("model"));
   p->post_processor = tok::make_post_processor(root.value("post_processor", json()), origin.at("post_processor"));
   p->decoder = tok::make_decoder(root.value("decoder", json()), origin.at("decoder"));

@@ -10,6 +10,7 @@
 #include <string>
 #include <string_view>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 namespace lmtune::tok {
@@ -90,6 +91,11 @@ class Bpe {
   void encode_word(std::string_view word, std::vector<int32_t>& out) const;
   // Vocabulary (model vocab only; added tokens live in Pipeline).
   const StringMap<int32_t>& vocab() const { return vocab_; }
+  // The merges as (left id, right id), highest priority first (for writing the model out, e.g. as GGUF).
+  std::vector<std::pair<int32_t, int32_t>> ranked_merges() const;
+  bool byte_fallback() const { return byte_fallback_; }
+  bool ignore_merges() const { return ignore_merges_; }
+  std::optional<int32_t> unk_id() const { return unk_id_; }
 
  private:
   void merge_word(std::string_view word, std::vector<int32_t>& out) const;
@@ -161,6 +167,9 @@ class AddedTokenMatcher {
 // ---- The whole pipeline ----------------------------------------------------------------------------------------
 struct Pipeline {
   std::string name;  // file name for messages
+  // The tokenizer.json objects the normalizer and pre-tokenizer were built from (null when absent), kept so a
+  // writer (gguf_vocab.cpp) can tell which llama.cpp pre-tokenizer they amount to.
+  json normalizer_spec, pre_tokenizer_spec;
   std::unique_ptr<Normalizer> normalizer;
   std::unique_ptr<PreTokenizer> pre_tokenizer;
   std::unique_ptr<Bpe> model;

@@ -52,7 +52,10 @@ inline nlohmann::json gguf_value_json(const GgufValue& v) {
     case GgufType::i64: return std::to_string(int64_t(v.integer));
     case GgufType::boolean: return v.integer != 0;
     case GgufType::f32: case GgufType::f64: return v.real;
-    case GgufType::string: return v.str;
+    case GgufType::string:
+      // The oracle decodes strings with TextDecoder, which drops a leading byte-order mark (SentencePiece
+      // vocabularies such as Llama 2's hold the token "\uFEFF"): compare what it can print.
+      return v.str.rfind("\xEF\xBB\xBF", 0) == 0 ? v.str.substr(3) : v.str;
     case GgufType::array: {
       nlohmann::json a = nlohmann::json::array();
       for (const GgufValue& item : v.items) a.push_back(gguf_value_json(item));

@@ -11,7 +11,11 @@ converter's published rules (standard library only):
   - tokenizer.ggml.*: byte-level tokenizers as model "gpt2" with merges and the pre-tokenizer named by its regex;
     SentencePiece-style ones (byte_fallback BPE) as model "llama" with scores (a piece made by the k-th merge scores
     -k, as SentencePiece's BPE pieces are ordered) and token types.
+With --lora, a PEFT adapter as convert_lora_to_gguf.py writes it: general.type adapter, adapter.type lora,
+adapter.lora.alpha, blk.N.<tensor>.weight.lora_a (PEFT's lora_A) / .lora_b (lora_B, rows permuted as the base
+weight's for the llama architecture's q/k), F32.
 Usage: hf_to_gguf.py MODEL_DIR OUT.gguf [f32|f16|q8_0]
+       hf_to_gguf.py --lora MODEL_DIR ADAPTER_DIR OUT.gguf
 """
 import json
 import math
@@ -132,6 +136,19 @@ HF_TO_GGUF = {"input_layernorm": "attn_norm", "self_attn.q_proj": "attn_q", "sel
               "mlp.down_proj": "ffn_down"}
 
 
+def gguf_name(name, gemma):
+    if name == "model.embed_tokens.weight": return "token_embd.weight"
+    if name == "model.norm.weight": return "output_norm.weight"
+    if name == "lm_head.weight": return "output.weight"
+    parts = name.split(".")  # model.layers.N.<module>.<weight|bias>
+    module = ".".join(parts[3:-1])
+    if module == "post_attention_layernorm":
+        mapped = "post_attention_norm" if gemma else "ffn_norm"
+    else:
+        mapped = HF_TO_GGUF[module]
+    return f"blk.{parts[2]}.{mapped}.{parts[-1]}"
+
+
 def convert_tensors(cfg, weights, arch, kind):
     gemma = arch.startswith("gemma")
     out = []
@@ -142,17 +159,7 @@ def convert_tensors(cfg, weights, arch, kind):
             w = permute(w, cfg["num_attention_heads"], cfg["num_attention_heads"])
         if arch == "llama" and name.endswith(("k_proj.weight", "k_proj.bias")):
             w = permute(w, cfg["num_attention_heads"], cfg.get("num_key_value_heads"))
-        if name == "model.embed_tokens.weight": gname = "token_embd.weight"
-        elif name == "model.norm.weight": gname = "output_norm.weight"
-        elif name == "lm_head.weight": gname = "output.weight"
-        else:
-            parts = name.split(".")  # model.layers.N.<module>.<weight|bias>
-            module = ".".join(parts[3:-1])
-            if module == "post_attention_layernorm":
-                mapped = "post_attention_norm" if gemma else "ffn_norm"
-            else:
-                mapped = HF_TO_GGUF[module]
-            gname = f"blk.{parts[2]}.{mapped}.{parts[-1]}"
+        gname = gguf_name(name, gemma)
         out.append(tensor_entry(gname, w, kind))
     rope = cfg.get("rope_scaling") or {}
     if arch == "llama" and rope.get("rope_type", rope.get("type")) == "llama3":
@@ -272,7 +279,30 @@ def tokenizer_kvs(model_dir, cfg):
     return kv
 
 
+def write_lora(model_dir, adapter_dir, out):  # convert_lora_to_gguf.py
+    cfg = json.load(open(os.path.join(model_dir, "config.json")))
+    lparams = json.load(open(os.path.join(adapter_dir, "adapter_config.json")))
+    arch = ARCH[cfg["model_type"]]
+    tensors = []
+    for name, w in sorted(read_safetensors(os.path.join(adapter_dir, "adapter_model.safetensors")).items()):
+        base = name.replace("base_model.model.", "")
+        is_b = ".lora_B.weight" in base
+        base = base.replace(".lora_A.weight", ".weight").replace(".lora_B.weight", ".weight")
+        if is_b and arch == "llama" and base.endswith("q_proj.weight"):  # LoraTorchTensor.permute: B's rows
+            w = permute(w, cfg["num_attention_heads"], cfg["num_attention_heads"])
+        if is_b and arch == "llama" and base.endswith("k_proj.weight"):
+            w = permute(w, cfg["num_attention_heads"], cfg.get("num_key_value_heads"))
+        gname = gguf_name(base, arch.startswith("gemma")) + (".lora_b" if is_b else ".lora_a")
+        tensors.append((gname, 0, list(reversed(w[0])), struct.pack("<%df" % len(w[1]), *w[1])))
+    kvs = [("general.architecture", T_STR, arch), ("general.type", T_STR, "adapter"),
+           ("adapter.type", T_STR, "lora"), ("adapter.lora.alpha", T_F32, float(lparams["lora_alpha"]))]
+    write_gguf(out, kvs, tensors)
+
+
 def main():
+    if sys.argv[1] == "--lora":
+        write_lora(sys.argv[2], sys.argv[3], sys.argv[4])
+        return
     model_dir, out = sys.argv[1], sys.argv[2]
     kind = sys.argv[3] if len(sys.argv) > 3 else "f32"
     cfg = json.load(open(os.path.join(model_dir, "config.json")))
