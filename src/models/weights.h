@@ -10,9 +10,11 @@
 #pragma once
 #include <cstdint>
 #include <filesystem>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "core/quant.h"
 #include "core/tensor.h"
 #include "io/hf_config.h"
 #include "models/decoder.h"
@@ -27,6 +29,7 @@ struct ParamRef {
   Shape shape;       // what the config implies
   Tensor* slot;      // where it lives in DecoderWeights
   ParamInit init;
+  Linear* linear = nullptr;  // for the weight of a decoder layer's projection (q/k/v/o, gate/up/down): its layer
 };
 
 // Every stored parameter of the model described by `config`, in a stable order (embedding, layers, final norm,
@@ -41,11 +44,17 @@ int64_t parameter_count(const ModelConfig& config);
 // shapes that disagree with the config, dtypes other than F32/F16/BF16 and NaN or infinite values throw FileError
 // naming the tensor and the file.
 // Tensors that the decoder does not use are ignored (a warning lists them, except vision-tower ones).
+// quantize: the projections of the decoder layers (q/k/v/o, gate/up/down) are quantized to this format as they are
+// read (Linear::qweight; rows on all host threads, one tensor at a time, never the whole model dense in host
+// memory); embeddings, norms, biases and lm_head stay in `dtype`, as bitsandbytes' QLoRA keeps them. A projection
+// whose input size is not a multiple of the format's block throws ConfigError naming the tensor.
 DecoderWeights load_weights(const ModelConfig& config, const std::filesystem::path& checkpoint, DType dtype,
-                            Device device);
+                            Device device, std::optional<quant::Format> quantize = std::nullopt);
 
-// config.json + weights from a model directory. weight_dtype: the dtype weights are stored in on the device.
-Decoder load_decoder(const std::filesystem::path& model_dir, DType weight_dtype, DType compute_dtype, Device device);
+// config.json + weights from a model directory. weight_dtype: the dtype weights are stored in on the device;
+// quantize: see load_weights.
+Decoder load_decoder(const std::filesystem::path& model_dir, DType weight_dtype, DType compute_dtype, Device device,
+                     std::optional<quant::Format> quantize = std::nullopt);
 
 // Writes the weights in the plain HF layout into `dir`: model.safetensors, or model-0000i-of-0000n.safetensors
 // shards + model.safetensors.index.json when they exceed max_shard_bytes. Adapters are not included (see

@@ -61,6 +61,7 @@ void check_resume_compatible(const Recipe& now, const std::string& saved_yaml, c
       {"model", was.model, now.model},
       {"finetune", to_string(was.finetune), to_string(now.finetune)},
       {"precision", to_string(was.precision), to_string(now.precision)},
+      {"quantize", quantize_name(was.quantize), quantize_name(now.quantize)},
       {"data.train", was.data.train, now.data.train},
       {"data.max_seq_len", std::to_string(was.data.max_seq_len), std::to_string(now.data.max_seq_len)},
       {"data.packing", std::to_string(was.data.packing), std::to_string(now.data.packing)},
