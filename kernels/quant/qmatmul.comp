@@ -12,6 +12,7 @@ layout(local_size_x = 256) in;
 TENSOR(0, X)
 layout(std430, set = 0, binding = 1) readonly buffer QBuf { uint qw[]; };
 TENSOR(2, C)
+TENSOR(3, D)
 #include "quant/qmatmul_common.glsl"
 
 const uint BM = 64u, BN = 64u, BK = 32u;
@@ -69,13 +70,12 @@ void main() {
     if (t + 1u < ntiles) shared_store(cur ^ 1u, tid);
     barrier();
   }
-  const uint cdt = c_dtype();
   [[unroll]] for (uint r = 0u; r < 4u; ++r) {
     const uint m = m0 + ty * 4u + r;
     if (m >= pc.M) continue;
     [[unroll]] for (uint c = 0u; c < 4u; ++c) {
       const uint n = n0 + tx * 4u + c;
-      if (n < pc.N) C_st(cdt, pc.c_off + m * pc.N + n, acc[r][c]);
+      if (n < pc.N) store_result(m, n, acc[r][c]);
     }
   }
 }

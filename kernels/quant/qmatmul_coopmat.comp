@@ -26,6 +26,7 @@ TENSOR(0, X)
 TENSOR4(0, X)
 layout(std430, set = 0, binding = 1) readonly buffer QBuf { uint qw[]; };
 TENSOR(2, C)
+TENSOR(3, D)
 #include "quant/qmatmul_common.glsl"
 
 // Shared tiles in uvec4 units (8 halves), rows padded by 8 halves against bank conflicts.
@@ -119,7 +120,6 @@ void main() {
     }
   }
 
-  const uint cdt = c_dtype();
   [[unroll]] for (uint i = 0u; i < FM; ++i)
     [[unroll]] for (uint j = 0u; j < FN; ++j) {
       const uint row = m0 + wm * WM + i * 16u, col = n0 + wn * WN + j * 16u;
@@ -131,7 +131,7 @@ void main() {
       const uint s = sg * 256u + (lane / 2u) * 16u + (lane % 2u) * 8u;
       if (r < pc.M)
         [[unroll]] for (uint q = 0u; q < 8u; ++q)
-          if (c + q < pc.N) C_st(cdt, pc.c_off + r * pc.N + c + q, Cs[s + q]);
+          if (c + q < pc.N) store_result(r, c + q, Cs[s + q]);
       subgroupBarrier();
     }
 }

@@ -4,7 +4,7 @@
 // its lanes taking consecutive 8-element groups (dequant8; neighbouring lanes read neighbouring bytes of a block),
 // the sums met in a subgroupAdd (no shared memory, no barrier). A workgroup of 4 subgroups (its size is
 // specialization constant 0) takes COLS rows of W. The host takes it on devices with subgroup arithmetic
-// (src/backend/vulkan/quant_matmul.cpp); elsewhere qmatmul.comp does.
+// (src/backend/vulkan/quant_matmul.cpp); elsewhere qmatmul.comp does. An addend D is added as C is stored.
 #extension GL_KHR_shader_subgroup_basic : require
 #extension GL_KHR_shader_subgroup_arithmetic : require
 #include "common/common.glsl"
@@ -15,6 +15,7 @@ TENSOR(0, X)
 TENSOR4(0, X)
 layout(std430, set = 0, binding = 1) readonly buffer QBuf { uint qw[]; };
 TENSOR(2, C)
+TENSOR(3, D)
 #include "quant/qmatmul_common.glsl"
 
 const uint MAXR = 4u;  // the most rows the host sends (kQGemvMaxRows)
@@ -48,7 +49,7 @@ void main() {
     [[unroll]] for (uint r = 0u; r < MAXR; ++r) {
       if (r >= nr) break;
       const float sum = subgroupAdd(acc[r]);
-      if (lane == 0u) C_st(c_dtype(), pc.c_off + r * pc.N + n, sum);
+      if (lane == 0u) store_result(r, n, sum);
     }
   }
 }

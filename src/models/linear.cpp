@@ -7,6 +7,7 @@
 #include "core/autodiff.h"
 #include "core/error.h"
 #include "core/ops.h"
+#include "core/ops/quant_matmul.h"
 
 namespace lmtune::models {
 
@@ -56,8 +57,7 @@ Tensor Linear::base(const Tensor& x) const {
 
 Tensor Linear::operator()(const Tensor& x) const {
   // One adapter under autocast (how lmtune trains): its delta is multiplied into the base product, forward and
-  // backward (ops::lora_linear). A quantized base (QLoRA) composes: its product decodes the weight in the kernel,
-  // and the delta is added (the same autocast products for A and B, so the adapter trains as on a dense base).
+  // backward (ops::lora_linear). A quantized base (QLoRA) is below: its product decodes the weight in the kernel.
   if (adapters.size() == 1 && !bias.defined() && !qweight.defined()) {
     const LoraAdapter& a = adapters[0];
     const bool half = x.dtype() == DType::f16 || x.dtype() == DType::bf16;
@@ -65,6 +65,13 @@ Tensor Linear::operator()(const Tensor& x) const {
       Tensor x_in = g_dropout.active && a.dropout > 0 ? ops::dropout(x, a.dropout, dropout_key(a.dropout_key)) : Tensor();
       return ops::lora_linear(x, weight, a.A, a.B, a.scale, x_in, weight_t);
     }
+  }
+  // A quantized base takes its adapters' deltas (the same autocast products of A and B as the unfused dense path,
+  // so the adapters train as on a dense base) into its product's epilogue: no add pass of their own.
+  if (qweight.defined() && !bias.defined() && !adapters.empty()) {
+    Tensor delta = lora_delta(adapters[0], x);
+    for (size_t i = 1; i < adapters.size(); ++i) delta = ops::add(delta, lora_delta(adapters[i], x));
+    return ops::quantized_linear_add(x, qweight, delta);
   }
   // matmul takes mixed operand dtypes (f32 accumulation) and writes x's dtype, so no weight copies are made.
   Tensor y = base(x);

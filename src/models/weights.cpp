@@ -167,7 +167,7 @@ quant::QuantizedTensor upload_quantized(const SafetensorsTensor& st, quant::Form
   const size_t rb = quant::row_bytes(format, cols), es = dtype_size(src);
   std::vector<std::byte> blocks(size_t(rows) * rb);
   cpu::parallel_for(rows, 1, [&](int64_t r0, int64_t r1) {
-    std::vector<float> row(size_t(cols));
+    std::vector<float> row(static_cast<size_t>(cols));
     for (int64_t r = r0; r < r1; ++r) {
       cpu::load_row(reinterpret_cast<const char*>(st.data.data()) + size_t(r * cols) * es, src, 1, cols, row.data());
       quant::quantize_row(format, row.data(), cols, blocks.data() + size_t(r) * rb);

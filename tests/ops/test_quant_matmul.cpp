@@ -10,6 +10,7 @@
 #include "backend/vulkan/quant_matmul.h"
 #include "backend/vulkan/vulkan_backend.h"
 #include "core/error.h"
+#include "core/ops/quant_matmul.h"
 #include "core/quant.h"
 #include "ops/op_test_util.h"
 
@@ -128,6 +129,25 @@ TEST_P(OpTest, QuantizedLinearShapesAndErrors) {
   EXPECT_THROW(ops::quantized_matmul(make_input({4, 64}, DType::f32, dev(), 35), w, DType::f32), ShapeError);
 }
 
+// x Wᵀ + d with the addend in the epilogue (how a quantized layer adds its LoRA delta), on the gemv and the tiled
+// kernels; its gradients against finite differences.
+TEST_P(OpTest, QuantizedLinearAddend) {
+  const quant::QuantizedTensor w = random_weight(quant::Format::q4_k, 37, 256, dev(), 36);
+  const ref::Array wd = ref::of(quant::dequantize(w, DType::f32));
+  for (int64_t M : {2, 37})
+    for (DType dt : {DType::f32, DType::bf16}) {
+      LMTUNE_CASE("rows " << M << " " << dtype_name(dt));
+      Tensor x = make_input({M, 256}, dt, dev(), 37);
+      Tensor d = make_input({M, 37}, dt, dev(), 38);
+      const ref::Array want = ref::binary(ref::matmul(ref::of(x), ref::transpose(wd, 0, 1)), ref::of(d),
+                                          [](double p, double q) { return p + q; });
+      EXPECT_TRUE(close(ops::quantized_linear_add(x, w, d), want, dt));
+    }
+  EXPECT_THROW(ops::quantized_linear_add(make_input({3, 256}, DType::f32, dev(), 39), w,
+                                         make_input({3, 36}, DType::f32, dev(), 40)),
+               ShapeError);
+}
+
 // Plans: gemv for decode's rows of x·Wᵀ, the tiled kernel for dY·W and forced, and what bench ops prints.
 TEST_P(OpTest, QuantizedProductPlans) {
   if (!dev().is_vulkan()) GTEST_SKIP() << "Vulkan plans";
@@ -160,6 +180,15 @@ TEST(QuantizedMatmulGrad, VjpAndJvp) {
                      f32_input({3, 256}, 42), 1e-8);
     check_gradients1([&](const Tensor& g) { return ops::quantized_matmul(g, w, DType::f32); },
                      [&](const ref::Array& g) { return ref::matmul(g, wd); }, f32_input({3, 5}, 43), 1e-8);
+    check_gradients(
+        [&](const std::vector<Tensor>& in) {
+          return std::vector<Tensor>{ops::quantized_linear_add(in[0], w, in[1])};
+        },
+        [&](const std::vector<ref::Array>& in) {
+          return std::vector<ref::Array>{ref::binary(ref::matmul(in[0], ref::transpose(wd, 0, 1)), in[1],
+                                                     [](double p, double q) { return p + q; })};
+        },
+        {f32_input({3, 256}, 44), f32_input({3, 5}, 45)}, 1e-8);
   }
 }
 

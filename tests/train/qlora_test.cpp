@@ -7,6 +7,7 @@
 
 #include "backend/vulkan/vulkan_backend.h"
 #include "core/autodiff.h"
+#include "core/error.h"
 #include "core/ops.h"
 #include "io/peft_adapter.h"
 #include "models/adapters.h"
@@ -37,10 +38,10 @@ TinyModelSpec wide_model() {
   return s;
 }
 
-struct Run {
+struct QloraRun {
   TempDir dir{"qlora"};
   fs::path model, data, save;
-  explicit Run(const TinyModelSpec& spec, int lines = 48) {
+  explicit QloraRun(const TinyModelSpec& spec, int lines = 48) {
     model = make_tiny_model(dir.path / "model", spec);
     data = dir.write("train.jsonl", text_corpus(lines));
     save = dir.path / "out";
@@ -68,7 +69,7 @@ double relative_distance(const Tensor& a, const Tensor& b) {
 }  // namespace
 
 TEST(QLoRA, LossFallsAndTheAdapterAppliesToTheDenseBase) {
-  Run run(wide_model());
+  QloraRun run(wide_model());
   TrainSummary s = train(run.recipe({"quantize=nf4", "train.steps=20", "data.valid_split=0.25", "eval.every=20"}));
   const std::vector<double> losses = train_losses(run.save);
   ASSERT_EQ(losses.size(), 20u);
@@ -96,7 +97,7 @@ TEST(QLoRA, LossFallsAndTheAdapterAppliesToTheDenseBase) {
 
 TEST(QLoRA, VulkanAndCpuGiveTheSameLosses) {
   if (vk::list_devices().empty()) GTEST_SKIP() << "no Vulkan device";
-  Run run(TinyModelSpec{}, 16);  // hidden 32: q8_0's 32-element blocks
+  QloraRun run(TinyModelSpec{}, 16);  // hidden 32: q8_0's 32-element blocks
   std::vector<std::vector<double>> losses;
   for (const char* device : {"cpu", "vulkan:0"}) {
     TrainOptions o;
@@ -114,7 +115,7 @@ TEST(QLoRA, VulkanAndCpuGiveTheSameLosses) {
 }
 
 TEST(QLoRA, RecipeKeyIsValidated) {
-  Run run(TinyModelSpec{}, 8);
+  QloraRun run(TinyModelSpec{}, 8);
   EXPECT_FALSE(run.recipe({}).quantize.has_value());
   EXPECT_EQ(run.recipe({"quantize=q4_k"}).quantize, quant::Format::q4_k);
   try {

@@ -1,6 +1,6 @@
 // CPU products with a block-quantized weight (QuantizedMatmul): W is dequantized a panel of rows at a time into
 // f32 scratch of at most ~8 MiB (rows in parallel on our pool) and each panel goes through one OpenBLAS GEMM,
-// which threads itself: never more than a panel of W exists as floats.
+// which threads itself: never more than a panel of W exists as floats. An addend is loaded into the result first.
 #include <cblas.h>
 
 #include <algorithm>
@@ -43,6 +43,17 @@ void QuantizedMatmul::eval_cpu(const std::vector<Tensor>& in, std::vector<Tensor
   int64_t ldx = 0;
   const float* xb = f32_rows(x, xscratch, ldx);
   float* yb = y.dtype() == DType::f32 ? cpu::data<float>(y) : (yscratch.resize(size_t(y.numel())), yscratch.data());
+  // An addend starts the sums: y = d, then every panel's GEMM adds to it (beta 1).
+  const bool add = in.size() > 1;
+  if (add) {
+    const Tensor& d = in[1];
+    const char* src = cpu::base_ptr(d);
+    const int64_t es = int64_t(dtype_size(d.dtype()));
+    cpu::parallel_for(M, 1, [&](int64_t r0, int64_t r1) {
+      for (int64_t r = r0; r < r1; ++r)
+        cpu::load_row(src + r * d.strides()[0] * es, d.dtype(), d.strides()[1], N, yb + r * N);
+    });
+  }
   const auto* wb = reinterpret_cast<const std::byte*>(cpu::base_ptr(weight.words));
   const size_t rb = quant::row_bytes(weight.format, cols);
   const int64_t panel_rows = std::clamp<int64_t>(kPanelFloats / cols, 1, rows);
@@ -55,10 +66,10 @@ void QuantizedMatmul::eval_cpu(const std::vector<Tensor>& in, std::vector<Tensor
     });
     if (transposed)  // y[:, r0 : r0 + p] = x panelᵀ
       cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(M), int(p), int(cols), 1.0f, xb, int(ldx),
-                  panel.data(), int(cols), 0.0f, yb + r0, int(N));
+                  panel.data(), int(cols), add ? 1.0f : 0.0f, yb + r0, int(N));
     else  // y += x[:, r0 : r0 + p] panel
       cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, int(M), int(cols), int(p), 1.0f, xb + r0, int(ldx),
-                  panel.data(), int(cols), r0 == 0 ? 0.0f : 1.0f, yb, int(N));
+                  panel.data(), int(cols), r0 == 0 && !add ? 0.0f : 1.0f, yb, int(N));
   }
   if (y.dtype() != DType::f32) {
     char* dst = cpu::base_ptr(y);

@@ -20,9 +20,10 @@ struct QMatmulParams {
   uint32_t c_off;
   uint32_t dtypes;
   uint32_t flags;
+  uint32_t d_off;
 };
-static_assert(sizeof(QMatmulParams) == 10 * 4);
-constexpr uint32_t kFlagNt = 1, kFlagXVec = 2;
+static_assert(sizeof(QMatmulParams) == 11 * 4);
+constexpr uint32_t kFlagNt = 1, kFlagXVec = 2, kFlagAdd = 4;
 
 uint32_t dtype_code(DType t) {
   switch (t) {
@@ -96,7 +97,14 @@ void QuantizedMatmul::eval_vulkan(const std::vector<Tensor>& in, std::vector<Ten
   p.c_off = vk::elem_offset(y);
   p.dtypes = vk::dtype_code(x.dtype()) | vk::dtype_code(y.dtype()) << 8;
   p.flags = (transposed ? vk::kFlagNt : 0u) | (p.x_off % 8 == 0 && p.x_rs % 8 == 0 ? vk::kFlagXVec : 0u);
-  const std::vector<vk::Binding> bindings{vk::in(x), vk::in(weight.words), vk::out(y)};
+  // The addend D (binding 3; y itself, unread, without one) is dense [M, N].
+  const Tensor d = in.size() > 1 ? vk::dense(in[1]) : y;
+  if (in.size() > 1) {
+    p.flags |= vk::kFlagAdd;
+    p.d_off = vk::elem_offset(d);
+    p.dtypes |= vk::dtype_code(d.dtype()) << 16;
+  }
+  const std::vector<vk::Binding> bindings{vk::in(x), vk::in(weight.words), vk::out(y), vk::in(d)};
   if (plan.route == vk::QuantMatmulRoute::gemv) {
     // Workgroups of 4 subgroups, one row of W each on a GPU; a CPU device (lavapipe) pays per workgroup, so there
     // each takes 64 rows of W (as matmul_gemv).

@@ -15,7 +15,7 @@ Tensor as_rows(const Tensor& x) {
 }
 
 Tensor product(const Tensor& x, const quant::QuantizedTensor& w, bool transposed, DType out_dtype,
-               const char* op) {
+               const char* op, const Tensor& addend = Tensor()) {
   const int64_t k_in = transposed ? w.cols() : w.rows(), n_out = transposed ? w.rows() : w.cols();
   auto describe = [&] {
     return std::string(dtype_name(x.dtype())) + " x " + to_string(x.shape()) + " and " +
@@ -30,24 +30,40 @@ Tensor product(const Tensor& x, const quant::QuantizedTensor& w, bool transposed
     throw ShapeError(std::string(op) + ": x is on " + x.device().str() + ", the weight on " + w.device().str());
   Shape out = x.shape();
   out.back() = n_out;
-  Tensor y = apply1(std::make_shared<QuantizedMatmul>(w, transposed), {as_rows(x)},
-                    {{numel(out) / std::max<int64_t>(n_out, 1), n_out}, out_dtype});
-  return ops::reshape(y, out);
+  const Shape rows{numel(out) / std::max<int64_t>(n_out, 1), n_out};
+  std::vector<Tensor> in{as_rows(x)};
+  if (addend.defined()) {
+    if (addend.shape() != out || !is_float(addend.dtype()))
+      throw ShapeError(std::string(op) + ": the addend " + std::string(dtype_name(addend.dtype())) + " " +
+                       to_string(addend.shape()) + " does not fit the product " + to_string(out) + " of " +
+                       describe());
+    in.push_back(ops::reshape(addend, rows));
+  }
+  return ops::reshape(apply1(std::make_shared<QuantizedMatmul>(w, transposed), in, {rows, out_dtype}), out);
 }
 
 }  // namespace
 
-// y = x W(ᵀ) is linear in x: dx = g Wᵀ(ᵀ), the other layout of the same weight, in x's dtype.
+// y = x W(ᵀ) (+ d) is linear in x: dx = g Wᵀ(ᵀ), the other layout of the same weight, in x's dtype; dd = g.
 std::vector<Tensor> QuantizedMatmul::vjp(const Node& node, const std::vector<Tensor>& cot,
                                          const std::vector<bool>& wanted) {
-  if (!cot[0].defined() || !wanted[0]) return {Tensor()};
-  return {product(cot[0], weight, !transposed, node.input_dtypes[0], "quantized_matmul vjp")};
+  std::vector<Tensor> r(node.input_dtypes.size());
+  if (!cot[0].defined()) return r;
+  if (wanted[0]) r[0] = product(cot[0], weight, !transposed, node.input_dtypes[0], "quantized_matmul vjp");
+  if (r.size() > 1 && wanted[1]) r[1] = ops::cast(cot[0], node.input_dtypes[1]);
+  return r;
 }
 
 std::vector<Tensor> QuantizedMatmul::jvp(const Node& node, const std::vector<Tensor>& t) {
-  if (!t[0].defined()) return {Tensor()};
-  return {product(ops::cast(t[0], node.input_dtypes[0]), weight, transposed, node.output_dtypes[0],
-                  "quantized_matmul jvp")};
+  Tensor r;
+  if (t[0].defined())
+    r = product(ops::cast(t[0], node.input_dtypes[0]), weight, transposed, node.output_dtypes[0],
+                "quantized_matmul jvp");
+  if (t.size() > 1 && t[1].defined()) {
+    const Tensor td = ops::cast(t[1], node.output_dtypes[0]);
+    r = r.defined() ? ops::add(r, td) : td;
+  }
+  return {r};
 }
 
 namespace ops {
@@ -65,6 +81,10 @@ Tensor quantized_linear(const Tensor& x, const quant::QuantizedTensor& weight, c
 
 Tensor quantized_matmul(const Tensor& x, const quant::QuantizedTensor& weight, DType out_dtype) {
   return product(x, weight, false, out_dtype, "quantized_matmul");
+}
+
+Tensor quantized_linear_add(const Tensor& x, const quant::QuantizedTensor& weight, const Tensor& addend) {
+  return product(x, weight, true, x.dtype(), "quantized_linear", addend);
 }
 
 }  // namespace ops

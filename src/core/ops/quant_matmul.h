@@ -10,7 +10,9 @@ namespace lmtune {
 
 // x [M, K_x] (rows; any float dtype, unit column stride) -> out [M, N_out] in the output dtype, f32 sums.
 // transposed: out = x Wᵀ (K_x = W's cols, N_out = W's rows); else out = x W (K_x = W's rows, N_out = W's cols).
-// W is frozen: the vjp gives x's gradient only (the other layout of the same weight), the jvp the same product.
+// An optional second input d [M, N_out] (any float dtype) is added as the result is stored: a LoRA delta without
+// an add pass of its own. W is frozen: the vjp gives x's gradient (the other layout of the same weight) and d's
+// (the cotangent itself), the jvp the same product of x's tangent plus d's.
 class QuantizedMatmul final : public Primitive {
  public:
   QuantizedMatmul(quant::QuantizedTensor weight, bool transposed)
@@ -23,5 +25,11 @@ class QuantizedMatmul final : public Primitive {
   const quant::QuantizedTensor weight;
   const bool transposed;
 };
+
+namespace ops {
+// x [..., K] Wᵀ + addend [..., N] in x's dtype, the addend added in the product's epilogue (models::Linear adds its
+// LoRA deltas to a quantized base this way).
+Tensor quantized_linear_add(const Tensor& x, const quant::QuantizedTensor& weight, const Tensor& addend);
+}  // namespace ops
 
 }  // namespace lmtune
