@@ -253,6 +253,7 @@ void run_bench_train(const std::string& device_opt, const BenchTrainOptions& o) 
   j["targets"] = o.targets;
   j["grad_checkpointing"] = r.train.grad_checkpointing;
   j["precision"] = o.precision == "bf16" ? "bf16" : "f32";
+  j["quantize"] = o.quantize;
   j["lr"] = o.lr;
   j["warmup"] = o.warmup;
   j["steps"] = o.steps;
@@ -294,8 +295,9 @@ void run_bench_train(const std::string& device_opt, const BenchTrainOptions& o) 
   std::printf("  model           %s (%s), %lld parameters, %lld trainable (LoRA rank %d)\n", o.model.c_str(),
               config.model_type.c_str(), (long long)j["params_total"].get<int64_t>(), (long long)lora_params,
               tm.lora_rank);
-  std::printf("  batch x seq     %lld x %lld, %s, checkpointing %s, %d timed steps after %d warm-up\n",
+  std::printf("  batch x seq     %lld x %lld, %s%s%s, checkpointing %s, %d timed steps after %d warm-up\n",
               (long long)tb.B, (long long)tb.T, j["precision"].get<std::string>().c_str(),
+              o.quantize == "none" ? "" : ", base projections ", o.quantize == "none" ? "" : o.quantize.c_str(),
               o.grad_checkpointing.c_str(), o.steps, o.warmup);
   std::printf("  throughput      %.1f tokens/s, %.4f s/step (forward %.4f, backward %.4f, optimizer %.4f)\n",
               tokens_per_s, timed_s / n, phases.forward_s / n, phases.backward_s / n, phases.optimizer_s / n);

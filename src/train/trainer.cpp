@@ -147,9 +147,10 @@ TrainSummary train(const Recipe& r, const TrainOptions& options) {
 
   TrainableModel tm = build_trainable_model(r, device);
   const ModelConfig& config = tm.decoder->config();
-  spdlog::info("model: {} ({} layers, hidden {}, vocab {}) on {}, weights {}, compute {}; {} trainable parameters",
+  spdlog::info("model: {} ({} layers, hidden {}, vocab {}) on {}, weights {}{}, compute {}; {} trainable parameters",
                config.model_type, config.num_hidden_layers, config.hidden_size, config.vocab_size, device.str(),
-               dtype_name(tm.weight_dtype), to_string(r.precision), tm.trainable_count());
+               dtype_name(tm.weight_dtype), r.quantize ? " (projections " + quantize_name(r.quantize) + ")" : "",
+               to_string(r.precision), tm.trainable_count());
   Optimizer optimizer(tm.params, r.optimizer);
 
   TrainProgress pr;
