@@ -48,6 +48,7 @@ struct BenchTrainOptions {
   int steps = 10, warmup = 2;
   std::string grad_checkpointing = "on";
   std::string transposed_weights = "auto";
+  std::string checkpoint_layers = "auto";
   std::string precision = "bf16";
   std::string quantize = "none";  // the base projections (QLoRA): none | nf4 | q4_0 | q4_k | q5_k | q6_k | q8_0
   double peak_tflops = 0;         // given peak; 0: none
@@ -68,6 +69,8 @@ void check_options(const BenchTrainOptions& o) {
   if (o.warmup < 0) throw ConfigError("bench train: --warmup must be >= 0 (got " + std::to_string(o.warmup) + ")");
   if (o.grad_checkpointing != "on" && o.grad_checkpointing != "off")
     throw ConfigError("bench train: --grad-checkpointing must be on or off (got '" + o.grad_checkpointing + "')");
+  if (o.checkpoint_layers != "auto" && o.checkpoint_layers != "all")
+    throw ConfigError("bench train: --checkpoint-layers must be auto or all (got '" + o.checkpoint_layers + "')");
   if (o.transposed_weights != "auto" && o.transposed_weights != "on" && o.transposed_weights != "off")
     throw ConfigError("bench train: --transposed-weights must be auto, on or off (got '" + o.transposed_weights + "')");
   if (o.precision != "bf16" && o.precision != "f32" && o.precision != "fp32")
@@ -116,6 +119,7 @@ Recipe bench_recipe(const BenchTrainOptions& o) {
   r.optimizer.lr = o.lr;
   r.train.grad_checkpointing = o.grad_checkpointing == "on";
   r.train.transposed_weights = o.transposed_weights;
+  r.train.checkpoint_layers = o.checkpoint_layers;
   r.train.batch_size = o.batch;
   r.data.max_seq_len = o.seq;
   r.train.seed = o.seed;
@@ -207,6 +211,7 @@ void run_bench_train(const std::string& device_opt, const BenchTrainOptions& o) 
   auto run_step = [&](int64_t s, StepPhaseTimes* times) {
     StepOptions so = step_options(r, s, o.lr);
     so.dropout = false;
+    so.unchecked_layers = tm.unchecked_layers;
     so.phase_times = times;
     return train_step(*tm.decoder, optimizer, scaler, {tb.batch(std::min(s, tb.steps - 1))}, so);
   };
@@ -252,6 +257,7 @@ void run_bench_train(const std::string& device_opt, const BenchTrainOptions& o) 
   j["alpha"] = tm.lora_alpha;
   j["targets"] = o.targets;
   j["grad_checkpointing"] = r.train.grad_checkpointing;
+  j["unchecked_layers"] = tm.unchecked_layers;
   j["precision"] = o.precision == "bf16" ? "bf16" : "f32";
   j["quantize"] = o.quantize;
   j["lr"] = o.lr;
@@ -326,6 +332,8 @@ void add_bench_train_command(CLI::App& bench, const std::string& device) {
   cmd->add_option("--steps", o->steps, "timed steps (default 10)");
   cmd->add_option("--warmup", o->warmup, "warm-up steps before the timed ones (default 2)");
   cmd->add_option("--grad-checkpointing", o->grad_checkpointing, "on | off (default on)");
+  cmd->add_option("--checkpoint-layers", o->checkpoint_layers,
+                  "auto | all: with checkpointing, which layers recompute (recipe train.checkpoint_layers)");
   cmd->add_option("--transposed-weights", o->transposed_weights,
                   "auto | on | off: keep the frozen weights transposed too (recipe train.transposed_weights)");
   cmd->add_option("--precision", o->precision, "bf16 | f32 (default bf16)");

@@ -48,7 +48,8 @@ void add_info_command(CLI::App& app, const std::string& device) {
                                          "describe the model and estimate LoRA training memory");
   auto model = std::make_shared<std::string>();
   auto opt = std::make_shared<ModelInfoOptions>();
-  cmd->add_option("model", *model, "model directory (config.json + safetensors)")->check(CLI::ExistingDirectory);
+  cmd->add_option("model", *model, "model directory (config.json + safetensors) or GGUF file")
+      ->check(CLI::ExistingPath);
   cmd->add_option("--seq", opt->seq, "memory estimate: tokens per sequence")->default_val(2048);
   cmd->add_option("--batch", opt->batch, "memory estimate: sequences per step")->default_val(1);
   cmd->add_option("--rank", opt->rank, "memory estimate: LoRA rank")->default_val(16);

@@ -73,9 +73,9 @@ void run_serve(const std::string& device, ServeArgs a) {
 void add_serve_command(CLI::App& app, const std::string& device) {
   auto* cmd = app.add_subcommand("serve", "OpenAI-compatible HTTP server for a model and its LoRA adapters");
   auto a = std::make_shared<ServeArgs>();
-  cmd->add_option("--model", a->model, "model directory (config.json, safetensors, tokenizer files)")
+  cmd->add_option("--model", a->model, "model directory (config.json, safetensors, tokenizer files) or GGUF file")
       ->required()
-      ->check(CLI::ExistingDirectory);
+      ->check(CLI::ExistingPath);
   cmd->add_option("--adapter", a->adapters,
                   "PEFT LoRA adapter that clients may select as \"model\": NAME=DIR[:scale] (repeatable)");
   cmd->add_option("--dtype", a->dtype, "weight dtype: f32 | f16 | bf16")->default_val("f32");

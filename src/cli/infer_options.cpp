@@ -19,9 +19,9 @@ std::optional<quant::Format> quantize_option(const std::string& name) {
 }
 
 void add_model_options(CLI::App& cmd, ModelArgs& a) {
-  cmd.add_option("--model", a.model, "model directory (config.json, safetensors, tokenizer files)")
+  cmd.add_option("--model", a.model, "model directory (config.json, safetensors, tokenizer files) or GGUF file")
       ->required()
-      ->check(CLI::ExistingDirectory);
+      ->check(CLI::ExistingPath);
   cmd.add_option("--adapter", a.adapters, "PEFT LoRA adapter directory, optionally with a scale: DIR[:scale] "
                                           "(repeatable)");
   cmd.add_option("--dtype", a.dtype, "weight dtype on the device: auto | f32 | f16 | bf16 "
@@ -39,7 +39,7 @@ models::Decoder load_base_model(const ModelArgs& a) {
   if (a.dtype != "auto") {
     weights = parse_dtype(a.dtype);
   } else if (dev.is_vulkan()) {
-    ModelConfig c = load_model_config(std::filesystem::path(a.model) / "config.json");
+    ModelConfig c = load_model_config(a.model);
     if (!c.torch_dtype.empty()) weights = parse_dtype(c.torch_dtype);
   }
   DType compute = a.compute_dtype == "auto" ? weights : parse_dtype(a.compute_dtype);

@@ -10,6 +10,7 @@
 
 #include "core/error.h"
 #include "io/atomic_file.h"
+#include "io/gguf_model.h"
 #include "io/json_util.h"
 
 namespace lmtune {
@@ -257,6 +258,12 @@ std::vector<float> rope_inv_freq(const RopeConfig& rope, int rotary_dim) {
       }  // high frequencies: unchanged
     }
   }
+  if (!rope.freq_factors.empty()) {
+    if (rope.freq_factors.size() != inv.size())
+      throw ConfigError("rope: " + std::to_string(rope.freq_factors.size()) + " frequency factors for " +
+                        std::to_string(inv.size()) + " frequencies");
+    for (size_t i = 0; i < inv.size(); ++i) inv[i] /= rope.freq_factors[i];
+  }
   return inv;
 }
 
@@ -432,6 +439,7 @@ fs::path file_in(const fs::path& path, const char* name) {
 }  // namespace
 
 ModelConfig load_model_config(const fs::path& path) {
+  if (auto gguf = find_gguf_model(path)) return gguf_model_config(GgufFile(*gguf));
   fs::path file = file_in(path, "config.json");
   return parse_model_config(read_file_text(file), file.string());
 }

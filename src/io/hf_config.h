@@ -24,12 +24,15 @@ struct RopeConfig {
   double low_freq_factor = 1.0;   // llama3
   double high_freq_factor = 4.0;  // llama3
   int64_t original_max_pos = 0;   // llama3: original_max_position_embeddings
+  // llama.cpp's rope_freqs.weight (GGUF models only): frequency i is divided by freq_factors[i]; empty = none.
+  std::vector<float> freq_factors;
   bool operator==(const RopeConfig&) const = default;
 };
 
 // Inverse frequencies [rotary_dim / 2] for positions, in f32 as transformers computes them
 // (_compute_default_rope_parameters, _compute_linear_scaling_rope_parameters as inv_freq / factor,
-// _compute_llama3_parameters). Throws ConfigError if rotary_dim is not positive and even.
+// _compute_llama3_parameters), then divided by rope.freq_factors where given. Throws ConfigError if rotary_dim is
+// not positive and even or freq_factors has another length than rotary_dim / 2.
 std::vector<float> rope_inv_freq(const RopeConfig& rope, int rotary_dim);
 
 enum class Activation { silu, gelu_tanh, gelu_erf };  // silu | gelu_pytorch_tanh, gelu_new | gelu
@@ -106,7 +109,8 @@ const std::vector<std::string>& supported_model_types();
 
 // `where` names the file in messages.
 ModelConfig parse_model_config(std::string_view json_text, const std::string& where = "config.json");
-// `path` is a config.json file or a directory containing one.
+// `path` is a config.json file or a directory containing one, or a GGUF model (a .gguf file or a directory holding
+// one; see find_gguf_model and gguf_model_config).
 ModelConfig load_model_config(const std::filesystem::path& path);
 
 struct GenerationConfig {

@@ -376,8 +376,9 @@ Tensor Decoder::forward_hidden(const Tensor& ids, const Tensor& positions, const
   if (config_.embed_scale != 1.0f) x = ops::scale(x, round_to(config_.embed_scale, compute_dtype_));
 
   const bool checkpointing = options.checkpoint_layers && grad_enabled() && !options.cache;
-  for (int i = 0; i < int(weights_.layers.size()); ++i) {
-    if (checkpointing) {
+  const int layers = int(weights_.layers.size());
+  for (int i = 0; i < layers; ++i) {
+    if (checkpointing && i < layers - options.unchecked_layers) {
       // The recomputation runs during backward, after this call returns: capture by value.
       ForwardOptions opt = options;
       opt.cache = nullptr;

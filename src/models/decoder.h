@@ -119,6 +119,7 @@ struct ForwardOptions {
   Tensor attend_mask;
   KvCache* cache = nullptr;       // optional: append this call's keys/values and attend to the cached ones
   bool checkpoint_layers = false; // gradient checkpointing: each layer recomputes its activations in backward
+  int64_t unchecked_layers = 0;   // with checkpoint_layers: the last N layers keep their activations instead
   // optional (serving): the adapter of each batch row; every Linear then applies only that adapter to that row.
   const RowAdapters* row_adapters = nullptr;
 };

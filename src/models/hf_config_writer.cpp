@@ -19,6 +19,8 @@ std::string causal_lm_class(const std::string& model_type) {
 namespace {
 
 json rope_scaling(const RopeConfig& r) {
+  if (!r.freq_factors.empty())
+    throw ConfigError("config.json: a GGUF model's rope frequency factors (rope_freqs.weight) have no config.json form");
   switch (r.type) {
     case RopeType::standard: return nullptr;
     case RopeType::linear: return {{"rope_type", "linear"}, {"factor", r.factor}};

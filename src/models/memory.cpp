@@ -42,12 +42,25 @@ TrainingMemoryEstimate estimate_training_memory(const ModelConfig& c, const Trai
   // and d loss / d hidden (f32 [N, C], computed in the forward) with one rescaled copy of it.
   e.logits = 3 * N * uint64_t(default_vocab_chunk(int64_t(N), V)) * 4 + 2 * N * uint64_t(C) * 4;
   e.activations = uint64_t(L) * layer + e.logits;
+  e.layers = L;
+  e.layer_activations = layer;
+  e.layer_input = N * uint64_t(C) * act;
   // Checkpointing keeps each layer's input, and recomputes one layer at a time during backward.
   e.activations_checkpointed = uint64_t(L) * N * uint64_t(C) * act + layer + e.logits;
-  const uint64_t reference_logits = 2 * N * uint64_t(V) * 4;
-  e.reference_floor = e.fixed() + uint64_t(L) * N * uint64_t(C) * act + reference_logits;
+  const uint64_t reference_logits = N * uint64_t(V) * (act + 2 * 4);
+  e.reference_floor = e.fixed() + uint64_t(L) * N * uint64_t(C) * act + layer + reference_logits;
   e.reference_floor_unchecked = e.fixed() + e.activations - e.logits + reference_logits;
   return e;
+}
+
+int64_t layers_to_leave_unchecked(const TrainingMemoryEstimate& e, uint64_t available) {
+  int64_t n = 0;
+  for (; n < e.layers; ++n) {
+    const uint64_t peak = e.total_checkpointing_all_but(n + 1);
+    if (peak > e.floor(true)) break;
+    if (available && peak + (peak - e.weights) / 2 > available) break;
+  }
+  return n;
 }
 
 }  // namespace lmtune::models

@@ -16,6 +16,7 @@
 #include "core/error.h"
 #include "core/random.h"
 #include "io/atomic_file.h"
+#include "io/gguf.h"
 #include "io/safetensors.h"
 
 namespace lmtune::models {
@@ -62,6 +63,32 @@ std::vector<ParamRef> parameter_map(const ModelConfig& c, DecoderWeights& w) {
   add("model.norm.weight", {C}, &w.final_norm, ParamInit::norm);
   if (!c.tie_word_embeddings) add("lm_head.weight", {V, C}, &w.lm_head, ParamInit::normal);
   return out;
+}
+
+std::string gguf_tensor_name(const std::string& hf, const ModelConfig& config) {
+  if (hf == "model.embed_tokens.weight") return "token_embd.weight";
+  if (hf == "model.norm.weight") return "output_norm.weight";
+  if (hf == "lm_head.weight") return "output.weight";
+  const std::string layers = "model.layers.";
+  if (hf.rfind(layers, 0) != 0) throw ConfigError("gguf_tensor_name: no GGUF name for '" + hf + "'");
+  const size_t dot = hf.find('.', layers.size());
+  const std::string block = "blk." + hf.substr(layers.size(), dot - layers.size()) + ".";
+  const std::string rest = hf.substr(dot + 1);  // e.g. "self_attn.q_proj.weight"
+  const size_t last = rest.rfind('.');
+  const std::string module = rest.substr(0, last), suffix = rest.substr(last);  // ".weight" / ".bias"
+  static const std::pair<const char*, const char*> kModules[] = {
+      {"input_layernorm", "attn_norm"},       {"self_attn.q_proj", "attn_q"},
+      {"self_attn.k_proj", "attn_k"},         {"self_attn.v_proj", "attn_v"},
+      {"self_attn.o_proj", "attn_output"},    {"self_attn.q_norm", "attn_q_norm"},
+      {"self_attn.k_norm", "attn_k_norm"},    {"pre_feedforward_layernorm", "ffn_norm"},
+      {"post_feedforward_layernorm", "post_ffw_norm"}, {"mlp.gate_proj", "ffn_gate"},
+      {"mlp.up_proj", "ffn_up"},              {"mlp.down_proj", "ffn_down"},
+  };
+  if (module == "post_attention_layernorm")
+    return block + (config.sandwich_norms ? "post_attention_norm" : "ffn_norm") + suffix;
+  for (const auto& [from, to] : kModules)
+    if (module == from) return block + to + suffix;
+  throw ConfigError("gguf_tensor_name: no GGUF name for '" + hf + "'");
 }
 
 int64_t parameter_count(const ModelConfig& config) {
@@ -187,6 +214,14 @@ bool ignorable(const std::string& name) {
 DecoderWeights load_weights(const ModelConfig& config, const fs::path& checkpoint, DType dtype, Device device,
                             std::optional<quant::Format> quantize) {
   if (!is_float(dtype)) throw ConfigError("load_weights: weight dtype must be f32, f16 or bf16");
+  if (auto gguf = find_gguf_model(checkpoint)) {
+    // A GGUF model's tensors keep their own types (its block-quantized projections already are a QLoRA base).
+    if (quantize)
+      throw ConfigError(gguf->string() + ": quantize " + std::string(quant::info(*quantize).name) +
+                        " applies to safetensors checkpoints; a GGUF model keeps its tensors' own types (use a "
+                        "quantized GGUF, or quantize none)");
+    return load_gguf_weights(config, *gguf, dtype, device);
+  }
   SafetensorsCheckpoint ckpt(checkpoint);
   const NameLayout& layout = detect_layout(ckpt);
   // Errors name the file: the one .safetensors file, or the index of a sharded checkpoint.

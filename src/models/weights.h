@@ -29,30 +29,47 @@ struct ParamRef {
   Shape shape;       // what the config implies
   Tensor* slot;      // where it lives in DecoderWeights
   ParamInit init;
-  Linear* linear = nullptr;  // for the weight of a decoder layer's projection (q/k/v/o, gate/up/down): its layer
+  Linear* linear = nullptr;  // the layer, for a linear weight (QLoRA quantizes it at load; a quantized GGUF
+                             // weight goes to linear->qweight as it is)
 };
 
 // Every stored parameter of the model described by `config`, in a stable order (embedding, layers, final norm,
 // lm_head). Resizes weights.layers to the config's layer count. The tied lm_head is not listed.
 std::vector<ParamRef> parameter_map(const ModelConfig& config, DecoderWeights& weights);
 
+// The GGUF tensor name llama.cpp's convert_hf_to_gguf.py gives a parameter (plain HF name): token_embd.weight,
+// output_norm.weight, output.weight, blk.N.{attn_norm, attn_q, attn_k, attn_v, attn_output, attn_q_norm, attn_k_norm,
+// ffn_norm, ffn_gate, ffn_up, ffn_down, post_attention_norm, post_ffw_norm}.{weight,bias}. The pre-MLP norm is
+// ffn_norm in both layouts (Llama's post_attention_layernorm, Gemma's pre_feedforward_layernorm).
+std::string gguf_tensor_name(const std::string& hf_name, const ModelConfig& config);
+
 // Total parameters (the tied lm_head counted once).
 int64_t parameter_count(const ModelConfig& config);
 
 // Loads the weights of `config` from a checkpoint (a model directory with model.safetensors or a sharded
-// model.safetensors.index.json, or a .safetensors file) onto `device`, converted to `dtype`. Missing tensors,
+// model.safetensors.index.json, a .safetensors file, or a GGUF model: see load_gguf_weights) onto `device`,
+// converted to `dtype`. Missing tensors,
 // shapes that disagree with the config, dtypes other than F32/F16/BF16 and NaN or infinite values throw FileError
 // naming the tensor and the file.
 // Tensors that the decoder does not use are ignored (a warning lists them, except vision-tower ones).
 // quantize: the projections of the decoder layers (q/k/v/o, gate/up/down) are quantized to this format as they are
 // read (Linear::qweight; rows on all host threads, one tensor at a time, never the whole model dense in host
 // memory); embeddings, norms, biases and lm_head stay in `dtype`, as bitsandbytes' QLoRA keeps them. A projection
-// whose input size is not a multiple of the format's block throws ConfigError naming the tensor.
+// whose input size is not a multiple of the format's block throws ConfigError naming the tensor; so does quantize
+// with a GGUF model (its tensors keep their own types).
 DecoderWeights load_weights(const ModelConfig& config, const std::filesystem::path& checkpoint, DType dtype,
                             Device device, std::optional<quant::Format> quantize = std::nullopt);
 
-// config.json + weights from a model directory. weight_dtype: the dtype weights are stored in on the device;
-// quantize: see load_weights.
+// The weights of a GGUF model (gguf_weights.cpp), undoing what convert_hf_to_gguf.py changes: the q/k row
+// permutation of the llama architecture and the +1 on Gemma's norms. F32/F16/BF16 tensors are converted to `dtype`;
+// a linear weight in a block format quant.h knows (Q8_0, Q4_0, Q4_K, Q5_K, Q6_K) goes to Linear::qweight as is,
+// while embeddings, norms and the output head in such a format are dequantized to `dtype`. Other ggml types, shapes
+// that disagree with the config and non-finite values throw FileError naming the file and tensor.
+DecoderWeights load_gguf_weights(const ModelConfig& config, const std::filesystem::path& file, DType dtype,
+                                 Device device);
+
+// config.json + weights from a model directory (or a GGUF model). weight_dtype: the dtype weights are stored in on
+// the device; quantize: see load_weights (safetensors checkpoints only).
 Decoder load_decoder(const std::filesystem::path& model_dir, DType weight_dtype, DType compute_dtype, Device device,
                      std::optional<quant::Format> quantize = std::nullopt);
 

@@ -62,7 +62,7 @@ std::unique_ptr<ServedModel> load_served_model(const std::filesystem::path& mode
   names.base = (dir.has_filename() ? dir.filename() : dir.parent_path().filename()).string();
   // Before the slow weight load: every tokenizer id needs an embedding row.
   Tokenizer tokenizer = Tokenizer::load(model_dir);
-  infer::check_tokenizer_fits(tokenizer, load_model_config(model_dir / "config.json"), model_dir.string());
+  infer::check_tokenizer_fits(tokenizer, load_model_config(model_dir), model_dir.string());
   models::Decoder decoder = models::load_decoder(model_dir, weights, compute, default_device(), quantize);
   for (const AdapterEntry& a : adapters) {
     if (a.name == names.base || std::find(names.adapters.begin(), names.adapters.end(), a.name) != names.adapters.end())

@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "io/gguf.h"
 #include "tokenizer/tokenizer_internal.h"
 
 namespace lmtune {
@@ -184,6 +185,7 @@ Tokenizer Tokenizer::from_json_string(std::string_view text, const std::string& 
 
 
 Tokenizer Tokenizer::load(const fs::path& file_or_dir) {
+  if (auto gguf = find_gguf_model(file_or_dir)) return from_gguf(GgufFile(*gguf));
   fs::path file = file_or_dir;
   bool is_dir = fs::is_directory(file_or_dir);
   if (is_dir) file = file_or_dir / "tokenizer.json";

@@ -13,6 +13,8 @@
 
 namespace lmtune {
 
+class GgufFile;
+
 namespace tok {
 struct Pipeline;  // normalizer, pre-tokenizer, model, post-processor, decoder (tokenizer_internal.h)
 }
@@ -20,8 +22,11 @@ struct Pipeline;  // normalizer, pre-tokenizer, model, post-processor, decoder (
 class Tokenizer {
  public:
   // `file_or_dir` is a tokenizer.json, or a directory holding tokenizer.json and optionally
-  // tokenizer_config.json and generation_config.json. Throws FileError / ConfigError.
+  // tokenizer_config.json and generation_config.json, or a GGUF model (a .gguf file or a directory holding one, see
+  // find_gguf_model). Throws FileError / ConfigError.
   static Tokenizer load(const std::filesystem::path& file_or_dir);
+  // The tokenizer of a GGUF model from its tokenizer.ggml.* keys and tokenizer.chat_template (gguf_vocab.cpp).
+  static Tokenizer from_gguf(const GgufFile& file);
   // Parses tokenizer.json content held in memory; `name` is used in error messages.
   static Tokenizer from_json_string(std::string_view json, const std::string& name = "tokenizer.json");
 

@@ -71,6 +71,11 @@ void dry_run(const Recipe& r, const TrainOptions& options) {
               r.finetune == Finetune::full ? " (full fine-tuning adds 16 bytes per parameter: grads and AdamW moments)"
                                            : "");
   const uint64_t available = backend(device).available_bytes();
+  if (r.train.grad_checkpointing && r.train.checkpoint_layers == "auto" && r.finetune != Finetune::full) {
+    const int64_t unchecked = models::layers_to_leave_unchecked(e, available);
+    std::printf("  checkpoint_layers auto: the last %lld of %lld layers keep their activations: %s\n",
+                (long long)unchecked, (long long)e.layers, mib(e.total_checkpointing_all_but(unchecked)).c_str());
+  }
   std::printf("  available         %s on %s\n", available ? mib(available).c_str() : "unknown", device.str().c_str());
 }
 

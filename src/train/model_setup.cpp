@@ -9,6 +9,7 @@
 #include "core/backend.h"
 #include "core/error.h"
 #include "core/ops.h"
+#include "io/gguf.h"
 #include "io/hf_config.h"
 #include "infer/model_checks.h"
 #include "io/peft_adapter.h"
@@ -50,6 +51,38 @@ DType stored_dtype(const ModelConfig& config) {
 
 std::string gib(uint64_t bytes) { return fmt::format("{:.2f} GiB", double(bytes) / double(1ull << 30)); }
 
+models::TrainingMemoryEstimate estimate_for(const Recipe& r, const TrainableModel& tm) {
+  models::TrainingMemoryOptions mo;
+  mo.batch = r.train.batch_size;
+  mo.seq = r.data.max_seq_len;
+  mo.rank = tm.lora_rank;
+  mo.weight_dtype = tm.weight_dtype;
+  mo.quantize = r.quantize;
+  mo.compute_dtype = compute_dtype(r);
+  return models::estimate_training_memory(tm.decoder->config(), mo);
+}
+
+// The estimated peak with the layers train.checkpoint_layers left unchecked.
+uint64_t estimated_peak(const Recipe& r, const TrainableModel& tm, const models::TrainingMemoryEstimate& e) {
+  return r.train.grad_checkpointing ? e.total_checkpointing_all_but(tm.unchecked_layers) : e.total(false);
+}
+
+// train.checkpoint_layers auto: with gradient checkpointing, the last layers keep their activations instead of
+// recomputing them in backward, as many as keep the estimated peak within the least a PyTorch + PEFT step at this
+// batch holds (TrainingMemoryEstimate::floor) and within what the device has beside half the training state
+// again. That floor holds f32 [N, V] logits and their gradient, which the fused loss never makes: the memory a
+// PyTorch step spends there buys skipped recomputation here, at no more memory than the peer's.
+int64_t choose_unchecked_layers(const Recipe& r, const TrainableModel& tm, Device device) {
+  if (!r.train.grad_checkpointing || r.train.checkpoint_layers != "auto" || tm.lora_rank == 0) return 0;
+  const models::TrainingMemoryEstimate e = estimate_for(r, tm);
+  const int64_t n = models::layers_to_leave_unchecked(e, backend(device).available_bytes());
+  if (n > 0)
+    spdlog::info("train.checkpoint_layers auto: the last {} of {} layers keep their activations (estimated peak "
+                 "{}, within the ~{} a PyTorch step at this batch holds)", n, e.layers,
+                 gib(e.total_checkpointing_all_but(n)), gib(e.floor(true)));
+  return n;
+}
+
 // train.transposed_weights: the frozen weights of the adapted layers and lm_head are also kept transposed, so that
 // their forward products (x Wᵀ) read the layout the backend multiplies fastest (x · W). auto: where the backend
 // prefers it, the estimated peak with the copies stays within the least a PyTorch step at this batch holds
@@ -70,21 +103,14 @@ void keep_transposed_weights(const Recipe& r, TrainableModel& tm, Device device)
   if (mode == "auto") {
     Backend& be = backend(device);
     if (!be.prefers_transposed_weights()) return;
-    models::TrainingMemoryOptions mo;
-    mo.batch = r.train.batch_size;
-    mo.seq = r.data.max_seq_len;
-    mo.rank = tm.lora_rank;
-    mo.weight_dtype = tm.weight_dtype;
-    mo.quantize = r.quantize;
-    mo.compute_dtype = compute;
-    const models::TrainingMemoryEstimate e =
-        models::estimate_training_memory(tm.decoder->config(), mo);
+    const models::TrainingMemoryEstimate e = estimate_for(r, tm);
     const bool ckpt = r.train.grad_checkpointing;
-    const uint64_t rest = e.total(ckpt) - e.weights, available = be.available_bytes();
-    if (e.total(ckpt) + bytes > e.floor(ckpt)) {
+    const uint64_t peak = estimated_peak(r, tm, e);
+    const uint64_t rest = peak - e.weights, available = be.available_bytes();
+    if (peak + bytes > e.floor(ckpt)) {
       spdlog::info("train.transposed_weights auto: not keeping transposed weights ({} more than the ~{} estimated "
                    "would pass the ~{} a PyTorch step at this batch holds at least)",
-                   gib(bytes), gib(e.total(ckpt)), gib(e.floor(ckpt)));
+                   gib(bytes), gib(peak), gib(e.floor(ckpt)));
       return;
     }
     if (bytes + rest + rest / 2 > available) {
@@ -148,6 +174,7 @@ void check_recipe_fits(const Recipe& r, const Tokenizer& tokenizer, Device devic
 void check_model_files(const Recipe& r) {
   namespace fs = std::filesystem;
   const fs::path dir = r.model;
+  if (find_gguf_model(dir)) return;  // a GGUF model is one file, validated when it is opened
   if (!fs::is_directory(dir)) throw FileError(r.model + ": model directory not found (recipe key 'model')");
   if (!fs::exists(dir / "config.json")) throw FileError(r.model + ": missing config.json");
   if (!fs::exists(dir / "model.safetensors") && !fs::exists(dir / "model.safetensors.index.json"))
@@ -157,7 +184,8 @@ void check_model_files(const Recipe& r) {
 
 TrainableModel build_trainable_model(const Recipe& r, Device device) {
   namespace fs = std::filesystem;
-  if (!fs::is_directory(r.model)) throw FileError(r.model + ": model directory not found (recipe key 'model')");
+  if (!fs::is_directory(r.model) && !find_gguf_model(r.model))
+    throw FileError(r.model + ": model directory not found (recipe key 'model')");
   const DType compute = compute_dtype(r);
   TrainableModel tm;
   if (r.finetune == Finetune::full) {
@@ -207,6 +235,7 @@ TrainableModel build_trainable_model(const Recipe& r, Device device) {
     }
   }
   if (tm.params.empty()) throw ConfigError("lora: no module of the model matches lora.targets");
+  tm.unchecked_layers = choose_unchecked_layers(r, tm, device);
   keep_transposed_weights(r, tm, device);
   return tm;
 }

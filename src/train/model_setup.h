@@ -23,6 +23,7 @@ struct TrainableModel {
   double lora_alpha = 0;
   bool lora_rslora = false;
   DType weight_dtype = DType::f32;  // frozen base weights
+  int64_t unchecked_layers = 0;     // train.checkpoint_layers auto: the last layers that are not checkpointed
   int64_t trainable_count() const;
 };
 

@@ -278,6 +278,7 @@ Recipe bind_all(const YAML::Node& root, const std::string& name) {
   b.bind("train.steps", r.train.steps);
   b.bind("train.grad_clip", r.train.grad_clip);
   b.bind("train.grad_checkpointing", r.train.grad_checkpointing);
+  b.bind("train.checkpoint_layers", r.train.checkpoint_layers, {"auto", "all"});
   b.bind("train.transposed_weights", r.train.transposed_weights, {"auto", "on", "off"});
   b.bind("train.seed", r.train.seed);
   b.bind("train.max_skipped_steps", r.train.max_skipped_steps);

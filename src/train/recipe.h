@@ -71,6 +71,7 @@ struct Recipe {
     int steps = 1000;
     double grad_clip = 1.0;          // global-norm clip; 0 disables
     bool grad_checkpointing = true;
+    std::string checkpoint_layers = "auto";   // auto | all: with grad_checkpointing, which layers recompute
     std::string transposed_weights = "auto";  // auto | on | off: frozen weights also kept transposed (faster forward)
     uint64_t seed = 42;
     int max_skipped_steps = 10;      // consecutive NaN/Inf steps before stopping

@@ -35,7 +35,8 @@ class PhaseClock {
 
 }  // namespace
 
-Tensor batch_loss_sum(const models::Decoder& model, const Batch& b, bool checkpoint_layers) {
+Tensor batch_loss_sum(const models::Decoder& model, const Batch& b, bool checkpoint_layers,
+                      int64_t unchecked_layers) {
   const Device d = model.device();
   const Shape shape{b.B, b.T};
   Tensor ids = Tensor::from_ints(b.ids, shape, d);
@@ -44,6 +45,7 @@ Tensor batch_loss_sum(const models::Decoder& model, const Batch& b, bool checkpo
   models::ForwardOptions fo;
   fo.doc_ids = Tensor::from_ints(b.doc_ids, shape, d);  // packed documents (and padding) attend only to themselves
   fo.checkpoint_layers = checkpoint_layers;
+  fo.unchecked_layers = unchecked_layers;
   // lm_head + cross-entropy fused over vocabulary chunks: no [B*T, V] logits (Decoder::token_losses).
   return ops::sum_all(model.token_losses(model.forward_hidden(ids, positions, fo), targets));
 }
@@ -79,7 +81,7 @@ StepResult train_step(const models::Decoder& model, Optimizer& opt, LossScaler& 
     if (micro[i].trainable_tokens == 0) continue;
     std::unique_ptr<models::LoraDropoutScope> dropout;
     if (o.dropout) dropout = std::make_unique<models::LoraDropoutScope>(o.seed, uint64_t(o.step), uint64_t(i));
-    Tensor sum = batch_loss_sum(model, micro[i], o.checkpoint_layers);
+    Tensor sum = batch_loss_sum(model, micro[i], o.checkpoint_layers, o.unchecked_layers);
     clock.lap(&StepPhaseTimes::forward_s);
     backward(ops::scale(sum, weight));
     sums.push_back(sum.detach());

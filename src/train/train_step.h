@@ -16,7 +16,9 @@ namespace lmtune {
 
 // Σ over the batch's trainable targets of the token cross-entropy (f32 scalar, recorded for backward when
 // gradients are on). `dropout_step`/`micro` feed the LoRA dropout scope the caller may have opened.
-Tensor batch_loss_sum(const models::Decoder& model, const Batch& batch, bool checkpoint_layers);
+// With checkpoint_layers, the last `unchecked_layers` layers keep their activations (train.checkpoint_layers).
+Tensor batch_loss_sum(const models::Decoder& model, const Batch& batch, bool checkpoint_layers,
+                      int64_t unchecked_layers = 0);
 
 // Wall time of a step's phases, summed over its micro-batches (`lmtune bench train`).
 struct StepPhaseTimes {
@@ -29,6 +31,7 @@ struct StepOptions {
   double lr = 0;
   double grad_clip = 0;          // 0: no clipping
   bool checkpoint_layers = false;
+  int64_t unchecked_layers = 0;  // with checkpoint_layers: the last N layers are not checkpointed
   uint64_t seed = 0;             // LoRA dropout masks derive from (seed, step, micro-batch)
   int64_t step = 0;              // 0-based optimizer step
   bool dropout = true;           // open a LoRA dropout scope (adapters with dropout 0 are unaffected)

@@ -191,7 +191,8 @@ TrainSummary train(const Recipe& r, const TrainOptions& options) {
     const Batcher::Cursor step_cursor = batcher.cursor();
     std::vector<Batch> micro;
     for (int i = 0; i < r.train.grad_accum; ++i) micro.push_back(batcher.next());
-    const StepOptions so = step_options(r, s, learning_rate(r.schedule, r.optimizer.lr, int(s), r.train.steps));
+    StepOptions so = step_options(r, s, learning_rate(r.schedule, r.optimizer.lr, int(s), r.train.steps));
+    so.unchecked_layers = tm.unchecked_layers;
     be.reset_peak();
     const auto t0 = Clock::now();
     StepResult res = train_step(*tm.decoder, optimizer, pr.scaler, micro, so);

@@ -147,6 +147,37 @@ TEST(Lora, GradientsReachAdaptersOnlyAndMatchFiniteDifferences) {
   }
 }
 
+// train.checkpoint_layers auto leaves the last layers unchecked: every split gives the gradients of the others.
+TEST(Lora, PartlyCheckpointedLayersGiveTheSameGradients) {
+  Decoder model = load_decoder(fixture_dir("gemma2"), DType::f32, DType::f32, Device::cpu());
+  uint64_t seed = 1;
+  for (Linear* l : model.weights().linears()) {
+    LoraAdapter& ad = l->add_adapter(2, 2.0f, seed++);
+    ad.B = Tensor::randn(ad.B.shape(), seed++, 0.1f).set_requires_grad(true);
+  }
+  const int64_t layers = int64_t(model.weights().layers.size());
+  ASSERT_GE(layers, 2);
+  Tensor ids = batch_ids();
+  Tensor targets = Tensor::from_ints({17, 99, 3, 42, 7, -100, 2, 64, 100, 11, 9, 1}, {2, 6}, Device::cpu());
+  auto grads = [&](bool checkpoint, int64_t unchecked) {
+    ForwardOptions opt;
+    opt.checkpoint_layers = checkpoint;
+    opt.unchecked_layers = unchecked;
+    for (Tensor& p : model.weights().trainable()) p.zero_grad();
+    backward(loss(model, ids, targets, Tensor(), Tensor(), opt));
+    std::vector<float> all;
+    for (Tensor& p : model.weights().trainable()) {
+      std::vector<float> g = p.grad().to_floats();
+      all.insert(all.end(), g.begin(), g.end());
+    }
+    return all;
+  };
+  const std::vector<float> want = grads(false, 0);
+  EXPECT_LT(rel_err(grads(true, 0), want), 1e-6);
+  EXPECT_LT(rel_err(grads(true, 1), want), 1e-6);
+  EXPECT_LT(rel_err(grads(true, layers), want), 1e-6);
+}
+
 TEST(Loss, MaskExcludesTargetsLikeIgnoreIndex) {
   Tensor logits = Tensor::randn({2, 3, 5}, 3);
   Tensor targets = Tensor::from_ints({1, 2, 3, 4, 0, 1}, {2, 3}, Device::cpu());

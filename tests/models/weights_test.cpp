@@ -287,14 +287,36 @@ TEST(MemoryEstimate, CheckpointingSavesActivationsAndLoraIsSmall) {
   // Checkpointing keeps one layer's activations instead of 16 (the logits are the same either way).
   EXPECT_LT(e.activations_checkpointed - e.logits, (e.activations - e.logits) / 4);
   EXPECT_GT(e.activations_checkpointed, e.logits);
-  // The PyTorch floor: weights, adapter state, 16 checkpointed [4096, 2048] bf16 layer inputs and the f32 [4096,
-  // 128256] logits with their gradient.
-  const uint64_t N = 4096;
-  EXPECT_EQ(e.floor(true), e.fixed() + 16 * N * 2048 * 2 + 2 * N * 128256 * 4);
-  EXPECT_EQ(e.floor(false), e.fixed() + e.activations - e.logits + 2 * N * 128256 * 4);
+  // The PyTorch floor: weights, adapter state, 16 checkpointed [4096, 2048] bf16 layer inputs and one recomputed
+  // layer, and the [4096, 128256] logits: bf16 as returned, their f32 copy and its gradient.
+  const uint64_t N = 4096, logits = N * 128256 * (2 + 4 + 4);
+  EXPECT_EQ(e.floor(true), e.fixed() + 16 * N * 2048 * 2 + e.layer_activations + logits);
+  EXPECT_EQ(e.floor(false), e.fixed() + e.activations - e.logits + logits);
   // lmtune's own estimate stays under it (the fused loss never holds [N, V] logits), with room for caches.
   EXPECT_LT(e.total(true), e.floor(true));
   EXPECT_LT(e.total(false), e.floor(false));
+}
+
+// train.checkpoint_layers auto: leaving u layers unchecked swaps u layer inputs for whole layers, and the count
+// chosen is the largest whose estimate stays within the floor and what the device has.
+TEST(MemoryEstimate, UncheckedLayersStayWithinTheFloor) {
+  ModelConfig c = preset("llama-3.2-1b");
+  TrainingMemoryOptions o;
+  o.batch = 8;
+  o.seq = 2048;
+  const TrainingMemoryEstimate e = estimate_training_memory(c, o);
+  EXPECT_EQ(e.total_checkpointing_all_but(0), e.total(true));
+  EXPECT_EQ(e.total_checkpointing_all_but(3), e.total(true) + 3 * (e.layer_activations - e.layer_input));
+  EXPECT_EQ(e.total_checkpointing_all_but(e.layers), e.total(false));
+  const int64_t u = layers_to_leave_unchecked(e, 0);
+  ASSERT_GT(u, 0);
+  ASSERT_LT(u, e.layers);  // at batch 8 the PyTorch floor has room for some layers, not all 16
+  EXPECT_LE(e.total_checkpointing_all_but(u), e.floor(true));
+  EXPECT_GT(e.total_checkpointing_all_but(u + 1), e.floor(true));
+  // A device with less memory than the floor bounds it further; one without room for any layer gets none.
+  const uint64_t tight = e.total_checkpointing_all_but(2) * 3 / 2;
+  EXPECT_LT(layers_to_leave_unchecked(e, tight), u);
+  EXPECT_EQ(layers_to_leave_unchecked(e, e.total(true)), 0);
 }
 
 }  // namespace
