@@ -159,7 +159,7 @@ Result bench_quantized_matmul(const MatmulShape& s, Device dev, int reps, Result
   r.ms = time_op([&] { return s.b_transposed ? ops::quantized_linear(x, w) : ops::quantized_matmul(x, w, s.dtype); },
                  dev, reps, g_timing);
   r.kernel = dev.is_vulkan() ? vk::plan_quant_matmul(vk::context_for(dev), f, s.b_transposed, uint64_t(s.M),
-                                                     uint64_t(s.N), uint64_t(s.K)).describe()
+                                                     uint64_t(s.N), uint64_t(s.K), s.dtype).describe()
                              : "openblas, dequantized panels";
   r.rate = 2.0 * double(s.M) * double(s.N) * double(s.K) / (r.ms * 1e-3) / 1e12;
   return r;

@@ -154,7 +154,7 @@ TEST_P(OpTest, QuantizedProductPlans) {
   vk::Context& ctx = vk::context_for(dev());
   const bool cm = vk::coopmat_available(dev().index), sg = ctx.features().subgroup_arithmetic;
   const auto plan = [&](bool nt, uint64_t M) {
-    return vk::plan_quant_matmul(ctx, quant::Format::q4_k, nt, M, 70, 512);
+    return vk::plan_quant_matmul(ctx, quant::Format::q4_k, nt, M, 70, 512, DType::bf16);
   };
   EXPECT_EQ(plan(true, 3).route, sg ? vk::QuantMatmulRoute::gemv : cm ? vk::QuantMatmulRoute::coopmat
                                                                       : vk::QuantMatmulRoute::tiled);
@@ -165,6 +165,9 @@ TEST_P(OpTest, QuantizedProductPlans) {
   if (!cm) {
     EXPECT_EQ(plan(false, 37).describe(), "qtiled q4_k 64x64 nn");
   }
+  // f32 products stay exact in f32: the tiled kernel, even where tensor cores are.
+  EXPECT_EQ(vk::plan_quant_matmul(ctx, quant::Format::q4_k, false, 37, 70, 512, DType::f32).route,
+            vk::QuantMatmulRoute::tiled);
   ForceMatmul force(dev(), vk::MatmulKernel::scalar);
   EXPECT_EQ(plan(true, 1).route, vk::QuantMatmulRoute::tiled);
 }

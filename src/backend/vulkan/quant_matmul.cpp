@@ -50,7 +50,7 @@ std::string QuantMatmulPlan::describe() const {
 }
 
 QuantMatmulPlan plan_quant_matmul(Context& ctx, quant::Format format, bool transposed, uint64_t M, uint64_t N,
-                                  uint64_t K) {
+                                  uint64_t K, DType x_dtype) {
   const KernelChoice& kc = ctx.kernel_choice();
   QuantMatmulPlan p;
   p.format = format, p.transposed = transposed, p.M = M, p.N = N, p.K = K;
@@ -64,7 +64,8 @@ QuantMatmulPlan plan_quant_matmul(Context& ctx, quant::Format format, bool trans
     p.kernel = variant(ctx, "qmatmul_gemv_" + fmt);
     return p;
   }
-  if (kc.matmul != MatmulKernel::scalar && coopmat) {
+  const bool exact = x_dtype == DType::f32 && kc.matmul == MatmulKernel::automatic;
+  if (kc.matmul != MatmulKernel::scalar && coopmat && !exact) {
     p.route = QuantMatmulRoute::coopmat;
     p.kernel = "qmatmul_cm_" + fmt + (transposed ? "_nt" : "_nn");
     p.bm = p.bn = kCoopmatTile;
@@ -85,7 +86,7 @@ void QuantizedMatmul::eval_vulkan(const std::vector<Tensor>& in, std::vector<Ten
   vk::Context& ctx = vk::context_for(y.device());
   const vk::QuantMatmulPlan plan =
       vk::plan_quant_matmul(ctx, weight.format, transposed, uint64_t(x.dim(0)), uint64_t(y.dim(1)),
-                            uint64_t(x.dim(1)));
+                            uint64_t(x.dim(1)), x.dtype());
   if (weight.words.buffer()->bytes() > (uint64_t(1) << 32) - 1)
     throw DeviceError("quantized_matmul: a weight of " + std::to_string(weight.words.buffer()->bytes()) +
                       " bytes exceeds the 4 GiB a kernel can address");

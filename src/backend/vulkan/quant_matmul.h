@@ -1,7 +1,8 @@
 // Products with a block-quantized weight on Vulkan (QuantizedMatmul): which kernel of kernels/quant/ takes a
 // product (a pure plan, printed by `lmtune bench ops`) and its dispatch. Routes, first that takes it:
 //   gemv    at most 4 rows of x·Wᵀ on devices with subgroup arithmetic (qmatmul_gemv.comp): decode, W read once
-//   coopmat devices with VK_NV_cooperative_matrix (qmatmul_coopmat.comp): W's tiles decoded to f16 in shared memory
+//   coopmat f16/bf16 x on devices with VK_NV_cooperative_matrix (qmatmul_coopmat.comp): W's tiles decoded to f16 in
+//           shared memory (f32 x takes the tiled kernel: f32 training stays exact in f32, as matmul's scalar route)
 //   tiled   every device (qmatmul.comp): W's tiles decoded to f32 in shared memory, f32 arithmetic
 // KernelChoice::matmul forces one: scalar = tiled, coopmat = coopmat (DeviceError where the device lacks it).
 #pragma once
@@ -30,6 +31,6 @@ struct QuantMatmulPlan {
 constexpr uint64_t kQuantGemvMaxRows = 4;
 
 QuantMatmulPlan plan_quant_matmul(Context& ctx, quant::Format format, bool transposed, uint64_t M, uint64_t N,
-                                  uint64_t K);
+                                  uint64_t K, DType x_dtype);
 
 }  // namespace lmtune::vk
