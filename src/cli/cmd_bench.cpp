@@ -18,6 +18,7 @@
 
 #include "backend/vulkan/flash_attention.h"
 #include "backend/vulkan/matmul_plan.h"
+#include "backend/vulkan/quant_matmul.h"
 #include "backend/vulkan/recorder.h"
 #include "backend/vulkan/vulkan_backend.h"
 #include "cli/bench_timing.h"
@@ -27,6 +28,7 @@
 #include "core/ops.h"
 #include "core/ops/view.h"
 #include "core/primitive.h"
+#include "core/quant.h"
 
 namespace lmtune::cli {
 namespace {
@@ -60,42 +62,59 @@ struct MatmulShape {
   DType dtype;
   bool b_transposed;          // x @ W^T with W [N, K]: the layout of a linear layer
   bool a_transposed = false;  // X^T @ Y with X [K, M]: a weight gradient
+  std::optional<quant::Format> quant;  // B a block-quantized weight (x Wᵀ for nt, dY W for nn)
   std::string label() const {
     return std::to_string(M) + "x" + std::to_string(N) + "x" + std::to_string(K) + " " + (a_transposed ? "t" : "n") +
-           (b_transposed ? "t" : "n");
+           (b_transposed ? "t" : "n") + (quant ? " " + std::string(quant::info(*quant).name) : "");
   }
 };
+
+// One --shapes entry: MxNxK, then any of :dtype, :nn|:nt|:tn|:tt and :<quant format> (a block-quantized weight).
+std::vector<MatmulShape> parse_matmul_shape(const std::string& one) {
+  long long m = 0, n = 0, k = 0;
+  char tail[64] = "";
+  const int got = std::sscanf(one.c_str(), "%lldx%lldx%lld%63s", &m, &n, &k, tail);
+  bool ok = got >= 3 && m > 0 && n > 0 && k > 0, ta = false, tb = false, layout = false;
+  std::optional<DType> only;
+  std::optional<quant::Format> quant;
+  std::string rest = got == 4 ? tail : "";
+  while (ok && !rest.empty()) {
+    const size_t end = rest.find(':', 1);
+    const std::string part = rest.substr(1, end == std::string::npos ? std::string::npos : end - 1);
+    ok = rest[0] == ':' && !part.empty();
+    rest = end == std::string::npos ? "" : rest.substr(end);
+    if (!ok) break;
+    if (part.size() == 2 && (part[0] == 'n' || part[0] == 't') && (part[1] == 'n' || part[1] == 't')) {
+      ta = part[0] == 't', tb = part[1] == 't', layout = true;
+    } else if (auto f = quant::parse_format(part)) {
+      quant = f;
+    } else {
+      try {
+        only = parse_dtype(part);
+      } catch (const Error&) {
+        ok = false;
+      }
+    }
+  }
+  ok = ok && !(quant && ta);  // the quantized weight is B; A (x or dY) is row-major
+  if (!ok)
+    throw ConfigError("bench: bad --shapes entry '" + one +
+                      "' (expected MxNxK[:dtype][:nn|:nt|:tn|:tt][:q8_0|:q4_0|:q4_k|:q5_k|:q6_k|:nf4])");
+  std::vector<MatmulShape> s;
+  if (quant) {  // x [M, K] Wᵀ with W [N, K] quantized (nt, the default), or dY [M, N] W -> [M, K] (nn)
+    s.push_back({m, n, k, only.value_or(DType::bf16), !layout || tb, false, quant});
+    return s;
+  }
+  for (DType t : {DType::f16, DType::f32}) s.push_back({m, n, k, only.value_or(t), tb, ta});
+  if (only) s.pop_back();
+  return s;
+}
 
 std::vector<MatmulShape> matmul_shapes(const BenchOptions& o, bool small) {
   std::vector<MatmulShape> s;
   if (!o.shapes.empty()) {
-    for (const std::string& one : split_commas(o.shapes)) {
-      long long m, n, k;
-      char tail[32] = "";
-      int got = std::sscanf(one.c_str(), "%lldx%lldx%lld%31s", &m, &n, &k, tail);
-      std::string suffix = got == 4 ? tail : "";
-      bool ta = false, tb = false;
-      for (const char* l : {":nn", ":nt", ":tn", ":tt"})
-        if (suffix.size() >= 3 && suffix.substr(suffix.size() - 3) == l) {
-          ta = l[1] == 't';
-          tb = l[2] == 't';
-          suffix.resize(suffix.size() - 3);
-          break;
-        }
-      std::optional<DType> only;
-      if (!suffix.empty() && suffix[0] == ':') {
-        try {
-          only = parse_dtype(suffix.substr(1));
-        } catch (const Error&) {
-          suffix = "?";
-        }
-      }
-      if (got < 3 || m <= 0 || n <= 0 || k <= 0 || (!suffix.empty() && !only))
-        throw ConfigError("bench: bad --shapes entry '" + one + "' (expected MxNxK[:dtype][:nn|:nt|:tn|:tt])");
-      for (DType t : {DType::f16, DType::f32})
-        s.push_back({m, n, k, only.value_or(t), tb, ta});
-      if (only) s.pop_back();
-    }
+    for (const std::string& one : split_commas(o.shapes))
+      for (const MatmulShape& m : parse_matmul_shape(one)) s.push_back(m);
     return s;
   }
   if (small) {
@@ -129,12 +148,30 @@ std::string kernel_label(const Tensor& a, const Tensor& b, DType out) {
   return plan ? plan->describe() : "composed";
 }
 
+// C [M, N] = x [M, K] Wᵀ (nt) with W [N, K] quantized, or dY [M, K] W with W [K, N] (nn): the products of a
+// QLoRA layer's forward and input gradient.
+Result bench_quantized_matmul(const MatmulShape& s, Device dev, int reps, Result r) {
+  const quant::Format f = *s.quant;
+  const Tensor dense = s.b_transposed ? Tensor::randn({s.N, s.K}, 2, 0.05f, DType::f32, Device::cpu())
+                                      : Tensor::randn({s.K, s.N}, 2, 0.05f, DType::f32, Device::cpu());
+  const quant::QuantizedTensor w = quant::quantize(dense, f, dev);
+  const Tensor x = Tensor::randn({s.M, s.K}, 1, 1.0f, s.dtype, dev);
+  r.ms = time_op([&] { return s.b_transposed ? ops::quantized_linear(x, w) : ops::quantized_matmul(x, w, s.dtype); },
+                 dev, reps, g_timing);
+  r.kernel = dev.is_vulkan() ? vk::plan_quant_matmul(vk::context_for(dev), f, s.b_transposed, uint64_t(s.M),
+                                                     uint64_t(s.N), uint64_t(s.K), s.dtype).describe()
+                             : "openblas, dequantized panels";
+  r.rate = 2.0 * double(s.M) * double(s.N) * double(s.K) / (r.ms * 1e-3) / 1e12;
+  return r;
+}
+
 Result bench_matmul(const MatmulShape& s, Device dev, int reps) {
   Result r;
   r.op = "matmul";
   r.shape = s.label();
   r.dtype = std::string(dtype_name(s.dtype));
   r.flops = true;
+  if (s.quant) return bench_quantized_matmul(s, dev, reps, r);
   Tensor a = s.a_transposed ? ops::transpose(Tensor::randn({s.K, s.M}, 1, 1.0f, s.dtype, dev))
                             : Tensor::randn({s.M, s.K}, 1, 1.0f, s.dtype, dev);
   Tensor b = s.b_transposed ? ops::transpose(Tensor::randn({s.N, s.K}, 2, 1.0f, s.dtype, dev))
@@ -354,7 +391,7 @@ void add_bench_command(CLI::App& app, const std::string& device) {
   auto o = std::make_shared<BenchOptions>();
   ops_cmd->add_flag("--json", o->json, "One JSON object per line");
   ops_cmd->add_option("--sizes", o->sizes, "auto | small | full (auto: small on CPU devices)");
-  ops_cmd->add_option("--shapes", o->shapes, "Matmul shapes MxNxK[:dtype][:nt|:tn|:tt][,...] (f16 and f32 unless a dtype is given; t: that operand transposed)");
+  ops_cmd->add_option("--shapes", o->shapes, "Matmul shapes MxNxK[:dtype][:nt|:tn|:tt][:FORMAT][,...] (f16 and f32 unless a dtype is given; t: that operand transposed; FORMAT q8_0|q4_0|q4_k|q5_k|q6_k|nf4: B a quantized weight, x·Wᵀ (nt, default) or dY·W (nn), bf16 unless a dtype is given)");
   ops_cmd->add_option("--attention-shapes", o->attention, "Attention shapes BxTxHxKVxD[,...] (batch, tokens, query heads, kv heads, head dim; bf16, causal unless :full)");
   ops_cmd->add_option("--ops", o->only, "Comma list of ops to run (matmul,attention,add,mul,silu,copy,cast,rms_norm,softmax,sum)");
   ops_cmd->add_option("--reps", o->reps, "Timed repetitions per op (median)")->check(CLI::Range(1, 1000));

@@ -22,6 +22,7 @@
 #include "backend/vulkan/vulkan_backend.h"
 #include "cli/bench_timing.h"
 #include "cli/commands.h"
+#include "cli/infer_options.h"
 #include "core/backend.h"
 #include "core/error.h"
 #include "io/hf_config.h"
@@ -49,6 +50,7 @@ struct BenchTrainOptions {
   std::string transposed_weights = "auto";
   std::string checkpoint_layers = "auto";
   std::string precision = "bf16";
+  std::string quantize = "none";  // the base projections (QLoRA): none | nf4 | q4_0 | q4_k | q5_k | q6_k | q8_0
   double peak_tflops = 0;         // given peak; 0: none
   int64_t peak_matmul_size = -1;  // -1: auto (4096 on GPUs, smaller on CPU devices); 0: do not measure
   double lr = 2e-4;
@@ -108,6 +110,7 @@ Recipe bench_recipe(const BenchTrainOptions& o) {
   Recipe r;
   r.model = o.model;
   r.precision = o.precision == "bf16" ? Precision::bf16 : Precision::fp32;
+  r.quantize = quantize_option(o.quantize);
   r.lora.rank = o.rank;
   r.lora.alpha = o.alpha > 0 ? o.alpha : 2.0 * o.rank;
   r.lora.dropout = 0;
@@ -256,6 +259,7 @@ void run_bench_train(const std::string& device_opt, const BenchTrainOptions& o) 
   j["grad_checkpointing"] = r.train.grad_checkpointing;
   j["unchecked_layers"] = tm.unchecked_layers;
   j["precision"] = o.precision == "bf16" ? "bf16" : "f32";
+  j["quantize"] = o.quantize;
   j["lr"] = o.lr;
   j["warmup"] = o.warmup;
   j["steps"] = o.steps;
@@ -297,8 +301,9 @@ void run_bench_train(const std::string& device_opt, const BenchTrainOptions& o) 
   std::printf("  model           %s (%s), %lld parameters, %lld trainable (LoRA rank %d)\n", o.model.c_str(),
               config.model_type.c_str(), (long long)j["params_total"].get<int64_t>(), (long long)lora_params,
               tm.lora_rank);
-  std::printf("  batch x seq     %lld x %lld, %s, checkpointing %s, %d timed steps after %d warm-up\n",
+  std::printf("  batch x seq     %lld x %lld, %s%s%s, checkpointing %s, %d timed steps after %d warm-up\n",
               (long long)tb.B, (long long)tb.T, j["precision"].get<std::string>().c_str(),
+              o.quantize == "none" ? "" : ", base projections ", o.quantize == "none" ? "" : o.quantize.c_str(),
               o.grad_checkpointing.c_str(), o.steps, o.warmup);
   std::printf("  throughput      %.1f tokens/s, %.4f s/step (forward %.4f, backward %.4f, optimizer %.4f)\n",
               tokens_per_s, timed_s / n, phases.forward_s / n, phases.backward_s / n, phases.optimizer_s / n);
@@ -332,6 +337,9 @@ void add_bench_train_command(CLI::App& bench, const std::string& device) {
   cmd->add_option("--transposed-weights", o->transposed_weights,
                   "auto | on | off: keep the frozen weights transposed too (recipe train.transposed_weights)");
   cmd->add_option("--precision", o->precision, "bf16 | f32 (default bf16)");
+  cmd->add_option("--quantize", o->quantize,
+                  "the base projections quantized at load (QLoRA): none | nf4 | q4_0 | q4_k | q5_k | q6_k | q8_0")
+      ->check(CLI::IsMember({"none", "nf4", "q4_0", "q4_k", "q5_k", "q6_k", "q8_0"}));
   cmd->add_option("--peak-tflops", o->peak_tflops, "the device's peak TFLOP/s for MFU (e.g. 989 for H100 SXM bf16)");
   cmd->add_option("--peak-matmul-size", o->peak_matmul_size,
                   "n of the n^3 matmul that measures the device's peak (default 4096 on GPUs; 0: skip)");

@@ -53,6 +53,10 @@ void add_info_command(CLI::App& app, const std::string& device) {
   cmd->add_option("--seq", opt->seq, "memory estimate: tokens per sequence")->default_val(2048);
   cmd->add_option("--batch", opt->batch, "memory estimate: sequences per step")->default_val(1);
   cmd->add_option("--rank", opt->rank, "memory estimate: LoRA rank")->default_val(16);
+  cmd->add_option("--quantize", opt->quantize,
+                  "memory estimate: the decoder layers' projections quantized (QLoRA): none | nf4 | q4_0 | q4_k | "
+                  "q5_k | q6_k | q8_0")
+      ->check(CLI::IsMember({"none", "nf4", "q4_0", "q4_k", "q5_k", "q6_k", "q8_0"}));
   cmd->callback([&device, model, opt] {
     if (model->empty())
       run_info(device);

@@ -10,6 +10,8 @@
 #include <thread>
 
 #include "cli/commands.h"
+#include "cli/infer_options.h"
+#include "cli/infer_options.h"
 #include "core/error.h"
 #include "serve/server.h"
 
@@ -20,6 +22,7 @@ struct ServeArgs {
   std::string model;
   std::vector<std::string> adapters;  // NAME=DIR[:scale]
   std::string dtype = "f32", compute_dtype = "f32";
+  std::string quantize = "none";  // the decoder layers' projections (cli/infer_options.h)
   serve::ServeOptions options;
   int max_n = 4, default_max_tokens = 256;
 };
@@ -45,7 +48,8 @@ void run_serve(const std::string& device, ServeArgs a) {
   sigaddset(&signals, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
-  std::unique_ptr<serve::ServedModel> model = serve::load_served_model(a.model, adapters, weights, compute);
+  std::unique_ptr<serve::ServedModel> model =
+      serve::load_served_model(a.model, adapters, weights, compute, quantize_option(a.quantize));
   serve::Server server(*model, a.options);
   int port = server.bind();
   std::string names = model->names.base;
@@ -76,6 +80,9 @@ void add_serve_command(CLI::App& app, const std::string& device) {
                   "PEFT LoRA adapter that clients may select as \"model\": NAME=DIR[:scale] (repeatable)");
   cmd->add_option("--dtype", a->dtype, "weight dtype: f32 | f16 | bf16")->default_val("f32");
   cmd->add_option("--compute-dtype", a->compute_dtype, "activation dtype: f32 | f16 | bf16")->default_val("f32");
+  cmd->add_option("--quantize", a->quantize,
+                  "quantize the decoder layers' projections at load: none | nf4 | q4_0 | q4_k | q5_k | q6_k | q8_0")
+      ->check(CLI::IsMember({"none", "nf4", "q4_0", "q4_k", "q5_k", "q6_k", "q8_0"}));
   cmd->add_option("--host", a->options.host, "address to listen on (non-loopback needs --api-key)")
       ->default_val("127.0.0.1");
   cmd->add_option("--port", a->options.port, "TCP port")->default_val(8080)->check(CLI::Range(0, 65535));

@@ -26,6 +26,7 @@ void add_tokenize_command(CLI::App& app);
 // `lmtune info MODEL_DIR` (cli/model_info.cpp): the model and a LoRA training memory estimate.
 struct ModelInfoOptions {
   long long seq = 2048, batch = 1, rank = 16;
+  std::string quantize = "none";  // the base projections' format in the estimate (QLoRA)
 };
 void print_model_info(const std::string& model_dir, const ModelInfoOptions& options);
 // `lmtune init --arch A --config preset.yaml [--tokenizer DIR] --out DIR` (cli/cmd_init.cpp).

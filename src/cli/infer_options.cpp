@@ -11,6 +11,13 @@
 
 namespace lmtune::cli {
 
+std::optional<quant::Format> quantize_option(const std::string& name) {
+  if (name == "none") return std::nullopt;
+  std::optional<quant::Format> f = quant::parse_format(name);
+  if (!f) throw ConfigError("--quantize: '" + name + "' is not one of none, nf4, q4_0, q4_k, q5_k, q6_k, q8_0");
+  return f;
+}
+
 void add_model_options(CLI::App& cmd, ModelArgs& a) {
   cmd.add_option("--model", a.model, "model directory (config.json, safetensors, tokenizer files) or GGUF file")
       ->required()
@@ -21,6 +28,9 @@ void add_model_options(CLI::App& cmd, ModelArgs& a) {
                                      "(auto: f32 on the CPU, the checkpoint's dtype on Vulkan)");
   cmd.add_option("--compute-dtype", a.compute_dtype,
                  "activation dtype: f32 | f16 | bf16 | auto (the weights' dtype)");
+  cmd.add_option("--quantize", a.quantize,
+                 "quantize the decoder layers' projections at load: none | nf4 | q4_0 | q4_k | q5_k | q6_k | q8_0")
+      ->check(CLI::IsMember({"none", "nf4", "q4_0", "q4_k", "q5_k", "q6_k", "q8_0"}));
 }
 
 models::Decoder load_base_model(const ModelArgs& a) {
@@ -34,8 +44,9 @@ models::Decoder load_base_model(const ModelArgs& a) {
   }
   DType compute = a.compute_dtype == "auto" ? weights : parse_dtype(a.compute_dtype);
   if (!is_float(weights) || !is_float(compute)) throw ConfigError("--dtype / --compute-dtype must be f32, f16 or bf16");
-  spdlog::debug("loading {} on {} ({} weights, {} compute)", a.model, dev.str(), dtype_name(weights), dtype_name(compute));
-  return models::load_decoder(a.model, weights, compute, dev);
+  spdlog::debug("loading {} on {} ({} weights, {} compute, quantize {})", a.model, dev.str(), dtype_name(weights),
+                dtype_name(compute), a.quantize);
+  return models::load_decoder(a.model, weights, compute, dev, quantize_option(a.quantize));
 }
 
 Tokenizer load_model_tokenizer(const ModelArgs& a) {

@@ -1,9 +1,11 @@
 // Options shared by the inference commands (generate, chat, eval): the model directory, adapters, dtypes and
 // sampling flags, and loading the decoder + tokenizer they describe.
 #pragma once
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "core/quant.h"
 #include "infer/adapters.h"
 #include "infer/sampler.h"
 #include "models/decoder.h"
@@ -20,9 +22,12 @@ struct ModelArgs {
   std::vector<std::string> adapters;  // DIR[:scale]
   std::string dtype = "auto";         // weights on the device: auto = f32 on the CPU, the checkpoint's on Vulkan
   std::string compute_dtype = "f32";
+  std::string quantize = "none";      // the decoder layers' projections: none | nf4 | q4_0 | q4_k | q5_k | q6_k | q8_0
 };
-// --model, --adapter (repeatable), --dtype, --compute-dtype.
+// --model, --adapter (repeatable), --dtype, --compute-dtype, --quantize.
 void add_model_options(CLI::App& cmd, ModelArgs& args);
+// A --quantize value as a format (nullopt for none); ConfigError for anything else.
+std::optional<quant::Format> quantize_option(const std::string& name);
 // The decoder on the default device with no adapters attached.
 models::Decoder load_base_model(const ModelArgs& args);
 // The tokenizer of the model directory.

@@ -6,6 +6,7 @@
 #include <map>
 
 #include "cli/commands.h"
+#include "cli/infer_options.h"
 #include "io/hf_config.h"
 #include "io/safetensors.h"
 #include "models/memory.h"
@@ -71,9 +72,13 @@ void print_model_info(const std::string& model_dir, const ModelInfoOptions& opt)
   mo.rank = opt.rank;
   mo.weight_dtype = weight_dtype;
   mo.compute_dtype = weight_dtype;
+  mo.quantize = quantize_option(opt.quantize);
   models::TrainingMemoryEstimate e = models::estimate_training_memory(c, mo);
-  std::printf("memory estimate, LoRA training (batch %lld, seq %lld, rank %lld on q/k/v/o/gate/up/down, %s):\n",
-              (long long)opt.batch, (long long)opt.seq, (long long)opt.rank, std::string(dtype_name(weight_dtype)).c_str());
+  const std::string base = mo.quantize ? std::string(dtype_name(weight_dtype)) + ", projections " + opt.quantize
+                                       : std::string(dtype_name(weight_dtype));
+  std::printf("memory estimate, %s training (batch %lld, seq %lld, rank %lld on q/k/v/o/gate/up/down, %s):\n",
+              mo.quantize ? "QLoRA" : "LoRA", (long long)opt.batch, (long long)opt.seq, (long long)opt.rank,
+              base.c_str());
   std::printf("  weights         %s\n", gib(e.weights).c_str());
   std::printf("  LoRA params     %s (%lld parameters)\n", gib(e.lora_params).c_str(), (long long)e.lora_param_count);
   std::printf("  LoRA grads      %s\n", gib(e.lora_grads).c_str());

@@ -10,6 +10,10 @@
 
 #include "core/tensor.h"
 
+namespace lmtune::quant {
+struct QuantizedTensor;
+}
+
 namespace lmtune::ops {
 
 // ---- views and layout (core/ops/view.cpp): no copies where the layout allows ----
@@ -108,6 +112,11 @@ Tensor autocast_linear(const Tensor& x, const Tensor& weight);
 // stored transposed ([K, N]), read by the forward product in place of weightᵀ (faster on tensor cores).
 Tensor lora_linear(const Tensor& x, const Tensor& weight, const Tensor& a, const Tensor& b, float scale,
                    const Tensor& x_in = Tensor(), const Tensor& weight_t = Tensor());
+// Products with a frozen block-quantized weight W [N, K] (core/ops/quant_matmul.cpp; decoded inside the kernels):
+// quantized_linear: x [..., K] Wᵀ (+ bias [N]) in x's dtype; quantized_matmul: x [..., N] W -> [..., K] (the input
+// gradient's layout). x: any float dtype. Only x gets a gradient.
+Tensor quantized_linear(const Tensor& x, const quant::QuantizedTensor& weight, const Tensor& bias = Tensor());
+Tensor quantized_matmul(const Tensor& x, const quant::QuantizedTensor& weight, DType out_dtype);
 
 // ---- normalization, rotary embedding, embedding (core/ops/nn.cpp) ----
 Tensor rms_norm(const Tensor& x, const Tensor& weight, float eps);                     // over the last axis

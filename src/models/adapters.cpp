@@ -75,7 +75,7 @@ void attach_peft(DecoderWeights& w, const PeftAdapter& adapter, const std::strin
       throw FileError("adapter '" + name + "': module '" + module + "' has lora_A " + to_string(lw.a_shape) +
                       " and lora_B " + to_string(lw.b_shape) + ", but the base model needs " + to_string(a_want) +
                       " and " + to_string(b_want));
-    Device dev = lin.weight.device();
+    Device dev = lin.device();
     LoraAdapter a;
     a.name = name;
     a.A = Tensor::from_floats(lw.a, lw.a_shape, DType::f32, dev);

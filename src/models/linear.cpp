@@ -7,6 +7,7 @@
 #include "core/autodiff.h"
 #include "core/error.h"
 #include "core/ops.h"
+#include "core/ops/quant_matmul.h"
 
 namespace lmtune::models {
 
@@ -48,10 +49,16 @@ LoraDropoutScope::LoraDropoutScope(uint64_t seed, uint64_t step, uint64_t micro)
 }
 LoraDropoutScope::~LoraDropoutScope() { g_dropout.active = false; }
 
+Device Linear::device() const { return qweight.defined() ? qweight.device() : weight.device(); }
+
+Tensor Linear::base(const Tensor& x) const {
+  return qweight.defined() ? ops::quantized_linear(x, qweight, bias) : ops::linear(x, weight, bias);
+}
+
 Tensor Linear::operator()(const Tensor& x) const {
   // One adapter under autocast (how lmtune trains): its delta is multiplied into the base product, forward and
-  // backward (ops::lora_linear).
-  if (adapters.size() == 1 && !bias.defined()) {
+  // backward (ops::lora_linear). A quantized base (QLoRA) is below: its product decodes the weight in the kernel.
+  if (adapters.size() == 1 && !bias.defined() && !qweight.defined()) {
     const LoraAdapter& a = adapters[0];
     const bool half = x.dtype() == DType::f16 || x.dtype() == DType::bf16;
     if (half && a.A.dtype() == DType::f32 && a.B.dtype() == DType::f32) {
@@ -59,15 +66,22 @@ Tensor Linear::operator()(const Tensor& x) const {
       return ops::lora_linear(x, weight, a.A, a.B, a.scale, x_in, weight_t);
     }
   }
+  // A quantized base takes its adapters' deltas (the same autocast products of A and B as the unfused dense path,
+  // so the adapters train as on a dense base) into its product's epilogue: no add pass of their own.
+  if (qweight.defined() && !bias.defined() && !adapters.empty()) {
+    Tensor delta = lora_delta(adapters[0], x);
+    for (size_t i = 1; i < adapters.size(); ++i) delta = ops::add(delta, lora_delta(adapters[i], x));
+    return ops::quantized_linear_add(x, qweight, delta);
+  }
   // matmul takes mixed operand dtypes (f32 accumulation) and writes x's dtype, so no weight copies are made.
-  Tensor y = ops::linear(x, weight, bias);
+  Tensor y = base(x);
   for (const LoraAdapter& a : adapters) y = ops::add(y, lora_delta(a, x));
   return y;
 }
 
 Tensor Linear::operator()(const Tensor& x, const RowAdapters* rows) const {
   if (!rows) return (*this)(x);
-  Tensor y = ops::linear(x, weight, bias);
+  Tensor y = base(x);
   const int64_t B = x.dim(0);
   // The base product runs once over the whole batch; each group adds its low-rank delta to its own rows, and the
   // pieces are stitched back along the batch axis (one copy of y, only when groups differ).
@@ -96,8 +110,8 @@ LoraAdapter& Linear::add_adapter(int64_t rank, float scale, uint64_t seed, const
   a.name = name;
   a.scale = scale;
   const float bound = float(1.0 / std::sqrt(double(in_features())));
-  a.A = Tensor::uniform({rank, in_features()}, seed, -bound, bound, DType::f32, weight.device());
-  a.B = Tensor::zeros({out_features(), rank}, DType::f32, weight.device());
+  a.A = Tensor::uniform({rank, in_features()}, seed, -bound, bound, DType::f32, device());
+  a.B = Tensor::zeros({out_features(), rank}, DType::f32, device());
   a.A.set_requires_grad(true);
   a.B.set_requires_grad(true);
   adapters.push_back(std::move(a));
@@ -106,10 +120,10 @@ LoraAdapter& Linear::add_adapter(int64_t rank, float scale, uint64_t seed, const
 
 Tensor Linear::merged_weight() const {
   NoGrad no_grad;
-  Tensor w = ops::cast(weight, DType::f32);
+  Tensor w = qweight.defined() ? quant::dequantize(qweight, DType::f32) : ops::cast(weight, DType::f32);
   for (const LoraAdapter& a : adapters)
     w = ops::add(w, ops::scale(ops::matmul(ops::cast(a.B, DType::f32), ops::cast(a.A, DType::f32)), a.scale));
-  return ops::cast(w, weight.dtype());
+  return qweight.defined() ? w : ops::cast(w, weight.dtype());
 }
 
 }  // namespace lmtune::models

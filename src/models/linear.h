@@ -60,14 +60,21 @@ class Linear {
   // Adds an adapter of rank R: A ~ U(-1/sqrt(in), 1/sqrt(in)) (kaiming-uniform as PEFT), B = 0, both f32 on
   // the weight's device and requiring grad. Returns it.
   LoraAdapter& add_adapter(int64_t rank, float scale, uint64_t seed, const std::string& name = "default");
-  // W + Σ scale · B A in the weight's dtype (for export of merged weights).
+  // W + Σ scale · B A in the weight's dtype (for export of merged weights); f32 for a quantized weight (decoded).
   Tensor merged_weight() const;
+  // Where the layer lives (the weight's device, quantized or not).
+  Device device() const;
 
   Tensor weight;    // [out, in]; undefined when the frozen weight is quantized
   quant::QuantizedTensor qweight;  // [out, in] in a block-quantized format (QLoRA, GGUF), or undefined
-  Tensor weight_t;  // [in, out]: the frozen weight stored transposed too, or undefined (see train.transposed_weights)
+  Tensor weight_t;  // [in, out]: the frozen weight stored transposed too, or undefined (see train.transposed_weights;
+                    // never with qweight)
   Tensor bias;      // [out] or undefined
   std::vector<LoraAdapter> adapters;
+
+ private:
+  // x Wᵀ + b: the dense product, or the quantized one (ops::quantized_linear) where qweight is set.
+  Tensor base(const Tensor& x) const;
 };
 
 }  // namespace lmtune::models

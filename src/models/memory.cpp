@@ -15,6 +15,12 @@ TrainingMemoryEstimate estimate_training_memory(const ModelConfig& c, const Trai
   const uint64_t act = dtype_size(o.compute_dtype);
 
   e.weights = uint64_t(parameter_count(c)) * dtype_size(o.weight_dtype);
+  if (o.quantize) {  // the seven projections of every layer at the format's bytes per element
+    const quant::FormatInfo& f = quant::info(*o.quantize);
+    const uint64_t projections = uint64_t(L) * uint64_t(C * HD * 2 + C * KVD * 2 + 3 * C * I);
+    e.weights -= projections * dtype_size(o.weight_dtype);
+    e.weights += projections * f.block_bytes / uint64_t(f.block_elems);
+  }
   // LoRA on q, k, v, o, gate, up, down: R * (in + out) each.
   const int64_t per_layer = o.rank * ((C + HD) + (C + KVD) * 2 + (HD + C) + (C + I) * 2 + (I + C));
   e.lora_param_count = per_layer * L;

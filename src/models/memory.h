@@ -2,8 +2,10 @@
 // docs/models.md; it is an estimate of what the decoder keeps alive, not a measurement.
 #pragma once
 #include <cstdint>
+#include <optional>
 
 #include "core/dtype.h"
+#include "core/quant.h"
 #include "io/hf_config.h"
 
 namespace lmtune::models {
@@ -13,11 +15,12 @@ struct TrainingMemoryOptions {
   int64_t seq = 2048;
   int64_t rank = 16;                  // LoRA rank on all seven projections of every layer
   DType weight_dtype = DType::bf16;   // frozen base weights
+  std::optional<quant::Format> quantize;  // the decoder layers' projections in this format (QLoRA), else dense
   DType compute_dtype = DType::bf16;  // activations
 };
 
 struct TrainingMemoryEstimate {
-  uint64_t weights = 0;          // frozen base weights
+  uint64_t weights = 0;          // frozen base weights (quantized projections at their blocks' bytes)
   uint64_t lora_params = 0;      // A and B, f32
   uint64_t lora_grads = 0;       // f32
   uint64_t optimizer = 0;        // AdamW first and second moments, f32

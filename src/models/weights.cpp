@@ -11,6 +11,7 @@
 #include <set>
 
 #include "backend/cpu/cpu_backend.h"
+#include "backend/cpu/strided.h"
 #include "core/backend.h"
 #include "core/error.h"
 #include "core/random.h"
@@ -193,6 +194,30 @@ Tensor upload(const SafetensorsTensor& st, DType dtype, Device device) {
   return t;
 }
 
+// A projection's weight quantized as it is read: each row converted to f32 and quantized on the CPU threads
+// (one row of floats per thread), the blocks uploaded once.
+quant::QuantizedTensor upload_quantized(const SafetensorsTensor& st, quant::Format format, Device device) {
+  const DType src = weight_dtype(st);
+  check_finite(st, src);
+  const int64_t rows = st.shape.at(0), cols = st.shape.at(1), qk = quant::info(format).block_elems;
+  if (cols % qk != 0)
+    throw ConfigError(st.file.string() + ": tensor '" + st.name + "' " + to_string(st.shape) +
+                      " cannot be quantized to " + std::string(quant::info(format).name) + ": its " +
+                      std::to_string(cols) + " columns are not a multiple of the format's " + std::to_string(qk) +
+                      "-element blocks" +
+                      (qk > 32 ? " (q8_0 and q4_0 take multiples of 32)" : ""));
+  const size_t rb = quant::row_bytes(format, cols), es = dtype_size(src);
+  std::vector<std::byte> blocks(size_t(rows) * rb);
+  cpu::parallel_for(rows, 1, [&](int64_t r0, int64_t r1) {
+    std::vector<float> row(static_cast<size_t>(cols));
+    for (int64_t r = r0; r < r1; ++r) {
+      cpu::load_row(reinterpret_cast<const char*>(st.data.data()) + size_t(r * cols) * es, src, 1, cols, row.data());
+      quant::quantize_row(format, row.data(), cols, blocks.data() + size_t(r) * rb);
+    }
+  });
+  return quant::from_blocks(format, st.shape, blocks, device);
+}
+
 bool ignorable(const std::string& name) {
   for (const char* part : {"rotary_emb.inv_freq", "vision_tower.", "multi_modal_projector.", "vision_model."})
     if (name.find(part) != std::string::npos) return true;
@@ -201,9 +226,17 @@ bool ignorable(const std::string& name) {
 
 }  // namespace
 
-DecoderWeights load_weights(const ModelConfig& config, const fs::path& checkpoint, DType dtype, Device device) {
+DecoderWeights load_weights(const ModelConfig& config, const fs::path& checkpoint, DType dtype, Device device,
+                            std::optional<quant::Format> quantize) {
   if (!is_float(dtype)) throw ConfigError("load_weights: weight dtype must be f32, f16 or bf16");
-  if (auto gguf = find_gguf_model(checkpoint)) return load_gguf_weights(config, *gguf, dtype, device);
+  if (auto gguf = find_gguf_model(checkpoint)) {
+    // A GGUF model's tensors keep their own types (its block-quantized projections already are a QLoRA base).
+    if (quantize)
+      throw ConfigError(gguf->string() + ": quantize " + std::string(quant::info(*quantize).name) +
+                        " applies to safetensors checkpoints; a GGUF model keeps its tensors' own types (use a "
+                        "quantized GGUF, or quantize none)");
+    return load_gguf_weights(config, *gguf, dtype, device);
+  }
   SafetensorsCheckpoint ckpt(checkpoint);
   const NameLayout& layout = detect_layout(ckpt);
   // Errors name the file: the one .safetensors file, or the index of a sharded checkpoint.
@@ -220,7 +253,8 @@ DecoderWeights load_weights(const ModelConfig& config, const fs::path& checkpoin
     if (st->shape != p.shape)
       throw FileError(st->file.string() + ": tensor '" + name + "' has shape " + to_string(st->shape) +
                       " but config.json implies " + to_string(p.shape));
-    *p.slot = upload(*st, dtype, device);
+    if (quantize && p.linear) p.linear->qweight = upload_quantized(*st, *quantize, device);
+    else *p.slot = upload(*st, dtype, device);
     used.insert(name);
   }
   if (config.tie_word_embeddings) {
@@ -239,9 +273,10 @@ DecoderWeights load_weights(const ModelConfig& config, const fs::path& checkpoin
   return w;
 }
 
-Decoder load_decoder(const fs::path& model_dir, DType weight_dtype, DType compute_dtype, Device device) {
+Decoder load_decoder(const fs::path& model_dir, DType weight_dtype, DType compute_dtype, Device device,
+                     std::optional<quant::Format> quantize) {
   ModelConfig config = load_model_config(model_dir);
-  DecoderWeights w = load_weights(config, model_dir, weight_dtype, device);
+  DecoderWeights w = load_weights(config, model_dir, weight_dtype, device, quantize);
   return Decoder(std::move(config), std::move(w), compute_dtype);
 }
 

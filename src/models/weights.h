@@ -10,9 +10,11 @@
 #pragma once
 #include <cstdint>
 #include <filesystem>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "core/quant.h"
 #include "core/tensor.h"
 #include "io/hf_config.h"
 #include "models/decoder.h"
@@ -27,7 +29,8 @@ struct ParamRef {
   Shape shape;       // what the config implies
   Tensor* slot;      // where it lives in DecoderWeights
   ParamInit init;
-  Linear* linear = nullptr;  // the layer, for a linear weight (a quantized GGUF weight goes to linear->qweight)
+  Linear* linear = nullptr;  // the layer, for a linear weight (QLoRA quantizes it at load; a quantized GGUF
+                             // weight goes to linear->qweight as it is)
 };
 
 // Every stored parameter of the model described by `config`, in a stable order (embedding, layers, final norm,
@@ -55,8 +58,13 @@ int64_t parameter_count(const ModelConfig& config);
 // shapes that disagree with the config, dtypes other than F32/F16/BF16 and NaN or infinite values throw FileError
 // naming the tensor and the file.
 // Tensors that the decoder does not use are ignored (a warning lists them, except vision-tower ones).
+// quantize: the projections of the decoder layers (q/k/v/o, gate/up/down) are quantized to this format as they are
+// read (Linear::qweight; rows on all host threads, one tensor at a time, never the whole model dense in host
+// memory); embeddings, norms, biases and lm_head stay in `dtype`, as bitsandbytes' QLoRA keeps them. A projection
+// whose input size is not a multiple of the format's block throws ConfigError naming the tensor; so does quantize
+// with a GGUF model (its tensors keep their own types).
 DecoderWeights load_weights(const ModelConfig& config, const std::filesystem::path& checkpoint, DType dtype,
-                            Device device);
+                            Device device, std::optional<quant::Format> quantize = std::nullopt);
 
 // The weights of a GGUF model (gguf_weights.cpp), undoing what convert_hf_to_gguf.py changes: the q/k row
 // permutation of the llama architecture and the +1 on Gemma's norms. F32/F16/BF16 tensors are converted to `dtype`;
@@ -67,8 +75,9 @@ DecoderWeights load_gguf_weights(const ModelConfig& config, const std::filesyste
                                  Device device);
 
 // config.json + weights from a model directory (or a GGUF model). weight_dtype: the dtype weights are stored in on
-// the device.
-Decoder load_decoder(const std::filesystem::path& model_dir, DType weight_dtype, DType compute_dtype, Device device);
+// the device; quantize: see load_weights (safetensors checkpoints only).
+Decoder load_decoder(const std::filesystem::path& model_dir, DType weight_dtype, DType compute_dtype, Device device,
+                     std::optional<quant::Format> quantize = std::nullopt);
 
 // Writes the weights in the plain HF layout into `dir`: model.safetensors, or model-0000i-of-0000n.safetensors
 // shards + model.safetensors.index.json when they exceed max_shard_bytes. Adapters are not included (see

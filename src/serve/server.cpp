@@ -56,14 +56,14 @@ ServedModel::ServedModel(models::Decoder decoder, Tokenizer tokenizer, ModelName
 
 std::unique_ptr<ServedModel> load_served_model(const std::filesystem::path& model_dir,
                                                const std::vector<AdapterEntry>& adapters, DType weights,
-                                               DType compute) {
+                                               DType compute, std::optional<quant::Format> quantize) {
   ModelNames names;
   std::filesystem::path dir = model_dir;
   names.base = (dir.has_filename() ? dir.filename() : dir.parent_path().filename()).string();
   // Before the slow weight load: every tokenizer id needs an embedding row.
   Tokenizer tokenizer = Tokenizer::load(model_dir);
   infer::check_tokenizer_fits(tokenizer, load_model_config(model_dir), model_dir.string());
-  models::Decoder decoder = models::load_decoder(model_dir, weights, compute, default_device());
+  models::Decoder decoder = models::load_decoder(model_dir, weights, compute, default_device(), quantize);
   for (const AdapterEntry& a : adapters) {
     if (a.name == names.base || std::find(names.adapters.begin(), names.adapters.end(), a.name) != names.adapters.end())
       throw ConfigError("--adapter " + a.name + ": the name is already taken (by the base model or another adapter)");

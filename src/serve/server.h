@@ -10,9 +10,11 @@
 #pragma once
 #include <filesystem>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "core/quant.h"
 #include "models/decoder.h"
 #include "serve/api.h"
 #include "serve/scheduler.h"
@@ -45,10 +47,12 @@ struct ServedModel {
 };
 
 // Loads the base model (on the default device) and attaches each adapter under its name after checking that it
-// fits the model. The base model's name is the directory's name.
+// fits the model. The base model's name is the directory's name. quantize: the decoder layers' projections in
+// this block format (models::load_weights).
 std::unique_ptr<ServedModel> load_served_model(const std::filesystem::path& model_dir,
                                                const std::vector<AdapterEntry>& adapters, DType weights = DType::f32,
-                                               DType compute = DType::f32);
+                                               DType compute = DType::f32,
+                                               std::optional<quant::Format> quantize = std::nullopt);
 
 struct ServeOptions {
   std::string host = "127.0.0.1";

@@ -59,9 +59,11 @@ void dry_run(const Recipe& r, const TrainOptions& options) {
   mo.rank = r.finetune == Finetune::full ? 0 : r.lora.rank;
   mo.compute_dtype = compute_dtype(r);
   mo.weight_dtype = r.finetune == Finetune::full ? DType::f32 : mo.compute_dtype;
+  mo.quantize = r.quantize;
   models::TrainingMemoryEstimate e = models::estimate_training_memory(config, mo);
-  std::printf("memory estimate (LoRA rank %lld on all projections, batch %lld x %lld)\n", (long long)mo.rank,
-              (long long)mo.batch, (long long)mo.seq);
+  std::printf("memory estimate (LoRA rank %lld on all projections, batch %lld x %lld%s%s)\n", (long long)mo.rank,
+              (long long)mo.batch, (long long)mo.seq, r.quantize ? ", base projections in " : "",
+              r.quantize ? std::string(quant::info(*r.quantize).name).c_str() : "");
   std::printf("  weights %s, adapters+grads+AdamW %s, activations %s (%s with gradient checkpointing)\n",
               mib(e.weights).c_str(), mib(e.lora_params + e.lora_grads + e.optimizer).c_str(),
               mib(e.activations).c_str(), mib(e.activations_checkpointed).c_str());

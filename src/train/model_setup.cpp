@@ -57,6 +57,7 @@ models::TrainingMemoryEstimate estimate_for(const Recipe& r, const TrainableMode
   mo.seq = r.data.max_seq_len;
   mo.rank = tm.lora_rank;
   mo.weight_dtype = tm.weight_dtype;
+  mo.quantize = r.quantize;
   mo.compute_dtype = compute_dtype(r);
   return models::estimate_training_memory(tm.decoder->config(), mo);
 }
@@ -95,7 +96,7 @@ void keep_transposed_weights(const Recipe& r, TrainableModel& tm, Device device)
   std::vector<models::Linear*> linears;
   uint64_t bytes = w.lm_head.nbytes();
   for (const models::NamedLinear& nl : models::named_linears(w))
-    if (nl.linear->adapters.size() == 1 && !nl.linear->bias.defined()) {
+    if (nl.linear->adapters.size() == 1 && !nl.linear->bias.defined() && !nl.linear->qweight.defined()) {
       linears.push_back(nl.linear);
       bytes += nl.linear->weight.nbytes();
     }
@@ -148,6 +149,7 @@ uint64_t estimated_training_bytes(const Recipe& r, const ModelConfig& c) {
   const bool full = r.finetune == Finetune::full;
   mo.rank = full ? 0 : r.lora.rank;
   mo.weight_dtype = full ? DType::f32 : mo.compute_dtype == DType::f32 ? stored_dtype(c) : mo.compute_dtype;
+  mo.quantize = r.quantize;
   const uint64_t e = models::estimate_training_memory(c, mo).total(r.train.grad_checkpointing);
   return full ? e + 16 * uint64_t(models::parameter_count(c)) : e;  // grads and AdamW moments
 }
@@ -193,7 +195,8 @@ TrainableModel build_trainable_model(const Recipe& r, Device device) {
     DType stored = stored_dtype(load_model_config(r.model));
     tm.weight_dtype = compute == DType::f32 ? stored : compute;
   }
-  tm.decoder = std::make_unique<models::Decoder>(models::load_decoder(r.model, tm.weight_dtype, compute, device));
+  tm.decoder = std::make_unique<models::Decoder>(
+      models::load_decoder(r.model, tm.weight_dtype, compute, device, r.quantize));
   models::DecoderWeights& w = tm.decoder->weights();
 
   if (r.finetune == Finetune::full) {

@@ -18,6 +18,9 @@ namespace lmtune {
 std::string to_string(Precision p) { return p == Precision::fp32 ? "fp32" : p == Precision::fp16 ? "fp16" : "bf16"; }
 std::string to_string(Finetune f) { return f == Finetune::lora ? "lora" : "full"; }
 std::string to_string(OptimizerName o) { return o == OptimizerName::adamw ? "adamw" : "sgd"; }
+std::string quantize_name(const std::optional<quant::Format>& f) {
+  return f ? std::string(quant::info(*f).name) : "none";
+}
 
 namespace {
 
@@ -153,6 +156,11 @@ class Binder {
     throw ConfigError(where(file_, lookup(path)) + ": key '" + path + "': '" + text + "' is not one of " + list);
   }
 
+  // An error at the key's line: "<file>:<line>: key '<path>': <what>".
+  [[noreturn]] void fail(const std::string& path, const std::string& what) {
+    throw ConfigError(where(file_, lookup(path)) + ": key '" + path + "': " + what);
+  }
+
   // NaN and infinities fail too: a recipe value is a finite number.
   void require_positive(const std::string& path, double v, bool allow_zero = false) {
     if (!std::isfinite(v) || v < 0 || (!allow_zero && v == 0))
@@ -239,6 +247,9 @@ Recipe bind_all(const YAML::Node& root, const std::string& name) {
   b.bind("device", r.device);
   b.bind("precision", r.precision, {Precision::fp32, Precision::fp16, Precision::bf16});
   b.bind("finetune", r.finetune, {Finetune::lora, Finetune::full});
+  std::string quantize = "none";
+  b.bind("quantize", quantize, {"none", "nf4", "q4_0", "q4_k", "q5_k", "q6_k", "q8_0"});
+  if (quantize != "none") r.quantize = quant::parse_format(quantize);
   b.bind("data.train", r.data.train);
   b.bind("data.valid", r.data.valid);
   b.bind("data.valid_split", r.data.valid_split);
@@ -289,6 +300,8 @@ Recipe bind_all(const YAML::Node& root, const std::string& name) {
   }
   if (r.model.empty()) throw ConfigError(name + ": key 'model' is required (a HuggingFace model directory)");
   if (r.data.train.empty()) throw ConfigError(name + ": key 'data.train' is required (a JSONL file)");
+  if (r.quantize && r.finetune == Finetune::full)
+    b.fail("quantize", "a quantized base is frozen: quantize needs finetune: lora (it is full)");
   b.require_positive("data.max_seq_len", r.data.max_seq_len);
   b.require_positive("lora.rank", r.lora.rank);
   b.require_positive("lora.alpha", r.lora.alpha);

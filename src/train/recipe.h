@@ -4,8 +4,11 @@
 #pragma once
 #include <cstdint>
 #include <filesystem>
+#include <optional>
 #include <string>
 #include <vector>
+
+#include "core/quant.h"
 
 namespace lmtune {
 
@@ -16,12 +19,17 @@ enum class OptimizerName { adamw, sgd };
 std::string to_string(Precision p);
 std::string to_string(Finetune f);
 std::string to_string(OptimizerName o);
+// The recipe's spelling of a quantize value: the format's name, or "none".
+std::string quantize_name(const std::optional<quant::Format>& f);
 
 struct Recipe {
   std::string model;                 // HF model directory
   std::string device = "auto";       // auto | cpu | vulkan[:N]
   Precision precision = Precision::bf16;  // compute dtype; trainable weights and optimizer state stay fp32
   Finetune finetune = Finetune::lora;
+  // quantize: nf4 | q4_0 | q4_k | q5_k | q6_k | q8_0 | none. The decoder layers' projections are quantized at load
+  // and stay frozen (QLoRA); nullopt = none.
+  std::optional<quant::Format> quantize;
 
   struct Data {
     std::string train;

@@ -61,6 +61,7 @@ void check_resume_compatible(const Recipe& now, const std::string& saved_yaml, c
       {"model", was.model, now.model},
       {"finetune", to_string(was.finetune), to_string(now.finetune)},
       {"precision", to_string(was.precision), to_string(now.precision)},
+      {"quantize", quantize_name(was.quantize), quantize_name(now.quantize)},
       {"data.train", was.data.train, now.data.train},
       {"data.max_seq_len", std::to_string(was.data.max_seq_len), std::to_string(now.data.max_seq_len)},
       {"data.packing", std::to_string(was.data.packing), std::to_string(now.data.packing)},
@@ -146,9 +147,10 @@ TrainSummary train(const Recipe& r, const TrainOptions& options) {
 
   TrainableModel tm = build_trainable_model(r, device);
   const ModelConfig& config = tm.decoder->config();
-  spdlog::info("model: {} ({} layers, hidden {}, vocab {}) on {}, weights {}, compute {}; {} trainable parameters",
+  spdlog::info("model: {} ({} layers, hidden {}, vocab {}) on {}, weights {}{}, compute {}; {} trainable parameters",
                config.model_type, config.num_hidden_layers, config.hidden_size, config.vocab_size, device.str(),
-               dtype_name(tm.weight_dtype), to_string(r.precision), tm.trainable_count());
+               dtype_name(tm.weight_dtype), r.quantize ? " (projections " + quantize_name(r.quantize) + ")" : "",
+               to_string(r.precision), tm.trainable_count());
   Optimizer optimizer(tm.params, r.optimizer);
 
   TrainProgress pr;

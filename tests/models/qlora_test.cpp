@@ -1,0 +1,112 @@
+// QLoRA in the models layer: a Linear whose frozen weight is block-quantized (Linear::qweight) computes and trains
+// its adapters exactly as a Linear holding the dequantized weight (forward, every gradient, row adapters, LoRA
+// dropout, the merged weight), and load_weights quantizes the decoder layers' projections as it reads them.
+#include <gtest/gtest.h>
+
+#include "core/autodiff.h"
+#include "core/error.h"
+#include "core/ops.h"
+#include "models/decoder.h"
+#include "models/linear.h"
+#include "models/weights.h"
+#include "models_test_util.h"
+
+namespace lmtune::models::test {
+namespace {
+
+// The same layer twice: `quant` holds W quantized, `dense` the dequantized W; one adapter with equal factors (B
+// not zero, so A's gradient is not zero either).
+struct Twins {
+  Linear quant, dense;
+  Twins(quant::Format f, Device dev) {
+    const Tensor w = Tensor::randn({48, 64}, 3, 0.3f, DType::f32, Device::cpu());
+    quant.qweight = quant::quantize(w, f, dev);
+    dense.weight = quant::dequantize(quant.qweight, DType::f32);
+    for (Linear* l : {&quant, &dense}) {
+      LoraAdapter& a = l->add_adapter(4, 0.5f, 11);
+      a.B = Tensor::randn(a.B.shape(), 12, 0.2f, DType::f32, dev);
+      a.B.set_requires_grad(true);
+      a.dropout = 0.25f;
+    }
+  }
+};
+
+// Loss Σ u ⊙ layer(x) and its gradients with respect to x, A and B.
+std::pair<Tensor, std::vector<Tensor>> run(const Linear& layer, const Tensor& x, const Tensor& u,
+                                           const RowAdapters* rows = nullptr) {
+  auto f = [&](const std::vector<Tensor>& in) {
+    Linear l = layer;
+    l.adapters[0].A = in[1];
+    l.adapters[0].B = in[2];
+    return std::vector<Tensor>{ops::sum_all(ops::mul(ops::cast(l(in[0], rows), DType::f32), u))};
+  };
+  return value_and_grad(f)({x, layer.adapters[0].A, layer.adapters[0].B});
+}
+
+void expect_same(const Twins& t, const Tensor& x, double tol, const RowAdapters* rows = nullptr) {
+  const Tensor u = Tensor::randn({2, 3, 48}, 13, 1.0f, DType::f32, x.device());
+  auto [vq, gq] = run(t.quant, x, u, rows);
+  auto [vd, gd] = run(t.dense, x, u, rows);
+  EXPECT_NEAR(vq.item(), vd.item(), tol * std::max(1.0, std::fabs(double(vd.item()))));
+  const char* names[] = {"dx", "dA", "dB"};
+  for (size_t i = 0; i < 3; ++i) EXPECT_LT(rel_err(gq[i].to_floats(), gd[i].to_floats()), tol) << names[i];
+}
+
+TEST(QLoRALinear, TrainsAsOnTheDequantizedBase) {
+  for (const std::string& device : test_devices()) {
+    const Device dev = parse_device(device);
+    for (quant::Format f : {quant::Format::q8_0, quant::Format::q4_0}) {
+      SCOPED_TRACE(device + " " + std::string(quant::info(f).name));
+      Twins t(f, dev);
+      // f32: the same arithmetic up to summation order.
+      expect_same(t, Tensor::randn({2, 3, 64}, 14, 1.0f, DType::f32, dev), 1e-4);
+      // bf16 activations under autocast: the dense twin takes the fused LoRA kernel, the quantized one composes.
+      expect_same(t, Tensor::randn({2, 3, 64}, 15, 1.0f, DType::bf16, dev), 3e-2);
+      {
+        LoraDropoutScope dropout(1, 2, 3);  // the same mask on both
+        expect_same(t, Tensor::randn({2, 3, 64}, 16, 1.0f, DType::f32, dev), 1e-4);
+      }
+      RowAdapters rows;
+      rows.groups.push_back({"default", 1, 2});  // only batch row 1 gets the adapter
+      expect_same(t, Tensor::randn({2, 3, 64}, 17, 1.0f, DType::f32, dev), 1e-4, &rows);
+      EXPECT_LT(rel_err(t.quant.merged_weight().to_floats(), t.dense.merged_weight().to_floats()), 1e-6);
+      EXPECT_EQ(t.quant.in_features(), 64);
+      EXPECT_EQ(t.quant.out_features(), 48);
+    }
+  }
+}
+
+TEST(QLoRALinear, LoadWeightsQuantizesTheProjections) {
+  const ModelConfig c = load_model_config(fixture_dir("llama"));
+  DecoderWeights dense = load_weights(c, fixture_dir("llama"), DType::f32, Device::cpu());
+  DecoderWeights q = load_weights(c, fixture_dir("llama"), DType::f32, Device::cpu(), quant::Format::q8_0);
+  const std::vector<Linear*> ql = q.linears(), dl = dense.linears();
+  ASSERT_EQ(ql.size(), 14u);
+  for (size_t i = 0; i < ql.size(); ++i) {
+    EXPECT_FALSE(ql[i]->weight.defined());
+    ASSERT_TRUE(ql[i]->qweight.defined());
+    EXPECT_EQ(ql[i]->qweight.format, quant::Format::q8_0);
+    EXPECT_EQ(ql[i]->qweight.shape, dl[i]->weight.shape());
+    // q8_0 keeps 8 bits per element: within 1% of the layer's largest weight.
+    EXPECT_LT(rel_err(quant::dequantize(ql[i]->qweight, DType::f32).to_floats(), dl[i]->weight.to_floats()), 0.01);
+  }
+  EXPECT_TRUE(q.embed.defined() && q.lm_head.defined() && q.final_norm.defined() && q.layers[0].input_norm.defined());
+  // The decoder runs on it, close to the dense model.
+  Decoder dd(c, dense), dq(c, q);
+  const Tensor ids = Tensor::from_ints({5, 9, 17, 33, 65, 2}, {1, 6}, Device::cpu());
+  const Tensor pos = default_positions(1, 6, Device::cpu());
+  NoGrad no_grad;
+  EXPECT_LT(rel_err(dq.forward(ids, pos).to_floats(), dd.forward(ids, pos).to_floats()), 0.05);
+  // NF4's 256-element blocks do not divide hidden 32: the error names the tensor and the format.
+  try {
+    load_weights(c, fixture_dir("llama"), DType::f32, Device::cpu(), quant::Format::nf4);
+    ADD_FAILURE() << "no error";
+  } catch (const ConfigError& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("model.layers.0.self_attn.q_proj.weight"), std::string::npos) << m;
+    EXPECT_NE(m.find("nf4"), std::string::npos) << m;
+  }
+}
+
+}  // namespace
+}  // namespace lmtune::models::test
