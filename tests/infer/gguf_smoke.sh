@@ -5,7 +5,7 @@
 # pre-tokenizers, SentencePiece rebuilt from scores), the same eval loss (weights, q/k permutation, Gemma's +1 norms,
 # llama3 rope factors) and the same greedy tokens, plain and through the chat template.
 # Usage: gguf_smoke.sh LMTUNE_BINARY SOURCE_DIR [f32|f16|q8_0]
-#   q8_0 loads the matrices into quantized Linear weights: it needs the engine's quantized products.
+#   q8_0 loads the matrices into quantized Linear weights (Linear::qweight, the quantized products).
 set -euo pipefail
 L=$1; SRC=$2; KIND=${3:-f32}
 T=$(mktemp -d); trap 'rm -rf "$T"' EXIT
@@ -24,7 +24,12 @@ check() {  # preset tokenizer-fixture [--chat]
       | python3 -c 'import json,sys; d=json.load(sys.stdin); print(d["ids"])' > "$m.gen"
   done
   cmp -s "$T/$name.tok" "$T/$name.gguf.tok" || fail "$name: the GGUF tokenizer encodes the corpus differently"
-  cmp -s "$T/$name.gen" "$T/$name.gguf.gen" || fail "$name: greedy tokens differ: $(cat "$T/$name.gen") vs $(cat "$T/$name.gguf.gen")"
+  # Q8_0's rounding can flip a near-tie among a random tiny model's logits (tiny-gemma2 from its third token), so
+  # quantized files are judged by the eval loss, which every position's logits enter.
+  if [ "$KIND" != q8_0 ]; then
+    cmp -s "$T/$name.gen" "$T/$name.gguf.gen" ||
+      fail "$name: greedy tokens differ: $(cat "$T/$name.gen") vs $(cat "$T/$name.gguf.gen")"
+  fi
   python3 - "$T/$name.eval" "$T/$name.gguf.eval" "$KIND" <<'PY'
 import json, sys
 a, b = (json.load(open(p)) for p in sys.argv[1:3])
