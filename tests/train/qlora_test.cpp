@@ -21,13 +21,6 @@ using namespace lmtune::train_test;
 
 namespace {
 
-std::vector<double> train_losses(const fs::path& save_dir) {
-  std::vector<double> out;
-  for (const MetricsRow& r : read_metrics_jsonl(save_dir / "metrics.jsonl"))
-    if (r.split == "train") out.push_back(r.get("loss"));
-  return out;
-}
-
 // Hidden 256 and intermediate 512: every projection's input is a whole number of NF4's and the k-quants'
 // 256-element blocks.
 TinyModelSpec wide_model() {

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "models/init_model.h"
+#include "train/metrics.h"
 
 namespace lmtune::train_test {
 
@@ -144,6 +145,14 @@ inline ChildResult run_lmtune(const std::vector<std::string>& args,
   r.output = ss.str();
   fs::remove(log);
   return r;
+}
+
+// The train-split losses a run wrote to its metrics.jsonl, in step order.
+inline std::vector<double> train_losses(const fs::path& save_dir) {
+  std::vector<double> out;
+  for (const MetricsRow& r : read_metrics_jsonl(save_dir / "metrics.jsonl"))
+    if (r.split == "train") out.push_back(r.get("loss"));
+  return out;
 }
 
 }  // namespace lmtune::train_test

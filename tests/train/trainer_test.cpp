@@ -22,13 +22,6 @@ using namespace lmtune::train_test;
 
 namespace {
 
-std::vector<double> train_losses(const fs::path& save_dir) {
-  std::vector<double> out;
-  for (const MetricsRow& r : read_metrics_jsonl(save_dir / "metrics.jsonl"))
-    if (r.split == "train") out.push_back(r.get("loss"));
-  return out;
-}
-
 struct TrainRun {
   TempDir dir{"run"};
   fs::path model, data, save;
