@@ -13,6 +13,9 @@ torch.optim.AdamW with lmtune's defaults (betas 0.9/0.999, eps 1e-8, weight deca
   python3 bench/peft_baseline.py --model DIR --seq 2048 --batch 8 --steps 10 --json [--compile]
   python3 bench/peft_baseline.py --model DIR ... --batches batches.safetensors --init-adapter DIR --losses
 
+--quantize nf4 loads the base in 4 bits through bitsandbytes (QLoRA as PEFT users run it: NF4, double-quantized
+scales, bf16 compute; "tool": "peft+bnb-nf4"), the peer of `lmtune bench train --quantize nf4`.
+
 --compile runs the model under torch.compile (the default inductor backend; "tool": "peft+compile"), the one-flag
 speed-up a PyTorch user reaches for; the warm-up steps include the compilation.
 
@@ -29,6 +32,8 @@ import bench_common as bc  # noqa: E402
 def main():
     p = bc.parser(__doc__.splitlines()[0])
     p.add_argument("--compile", action="store_true", help="run the model under torch.compile")
+    p.add_argument("--quantize", choices=["none", "nf4"], default="none",
+                   help="nf4: the base in 4 bits through bitsandbytes (QLoRA)")
     a = p.parse_args()
     bc.check_args(a)
     try:
@@ -50,14 +55,27 @@ def main():
     torch.manual_seed(a.seed)
 
     config = transformers.AutoConfig.from_pretrained(a.model)
-    if glob.glob(os.path.join(a.model, "*.safetensors")):
+    if a.quantize == "nf4":
+        try:
+            import bitsandbytes  # noqa: F401
+        except ImportError as e:
+            bc.fail(f"--quantize nf4 needs bitsandbytes ({e})")
+        if not glob.glob(os.path.join(a.model, "*.safetensors")):
+            bc.fail("--quantize nf4 needs a model with *.safetensors weights")
+        bnb = transformers.BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4",
+                                              bnb_4bit_use_double_quant=True, bnb_4bit_compute_dtype=dtype)
+        model = transformers.AutoModelForCausalLM.from_pretrained(a.model, dtype=dtype, attn_implementation="sdpa",
+                                                                  quantization_config=bnb, device_map={"": device})
+        weights = "loaded, nf4 (bitsandbytes)"
+    elif glob.glob(os.path.join(a.model, "*.safetensors")):
         model = transformers.AutoModelForCausalLM.from_pretrained(a.model, dtype=dtype, attn_implementation="sdpa")
         weights = "loaded"
     else:
         model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="sdpa").to(dtype)
         weights = "random (no *.safetensors)"
     model.config.use_cache = False
-    model.to(device)
+    if a.quantize == "none":
+        model.to(device)
     base_params = sum(p.numel() for p in model.parameters())
     embed_params = model.get_input_embeddings().weight.numel()
     if a.grad_checkpointing == "on":
@@ -90,7 +108,8 @@ def main():
     info = {"batches": batches, "config": cfg, "params_base": base_params, "embed_params": embed_params,
             "params_trainable": n_trainable, "device_name": f"{device} {name}",
             "extra": {"transformers": transformers.__version__, "peft": peft.__version__, "weights": weights}}
-    bc.run(torch, a, "peft+compile" if a.compile else "peft", device, sync, step, info)
+    tool = "peft" + ("+bnb-nf4" if a.quantize == "nf4" else "") + ("+compile" if a.compile else "")
+    bc.run(torch, a, tool, device, sync, step, info)
 
 
 if __name__ == "__main__":

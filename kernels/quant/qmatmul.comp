@@ -52,6 +52,7 @@ void shared_store(uint buf, uint tid) {
 }
 
 void main() {
+  Q_PREPARE();
   const uint tid = gl_LocalInvocationID.x, tx = tid % 16u, ty = tid / 16u;
   const uint m0 = gl_WorkGroupID.y * BM, n0 = gl_WorkGroupID.x * BN;
   vec4 acc[4];

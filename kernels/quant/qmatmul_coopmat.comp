@@ -89,6 +89,7 @@ void shared_store(uint tid) {
 }
 
 void main() {
+  Q_PREPARE();
   const uint tid = gl_LocalInvocationID.x, sg = gl_SubgroupID, lane = gl_SubgroupInvocationID;
   const uint wm = sg / NWN, wn = sg % NWN;
   const uint m0 = gl_WorkGroupID.y * BM, n0 = gl_WorkGroupID.x * BN;

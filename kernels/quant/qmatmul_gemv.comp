@@ -31,6 +31,7 @@ void x_group(uint r, uint k, out vec4 lo, out vec4 hi) {
 }
 
 void main() {
+  Q_PREPARE();
   const uint lane = gl_SubgroupInvocationID, nr = min(MAXR, pc.M), groups = pc.K / 8u;
   const uint n_end = min(pc.N, (gl_WorkGroupID.x + 1u) * COLS);
   for (uint n = gl_WorkGroupID.x * COLS + gl_SubgroupID; n < n_end; n += gl_NumSubgroups) {

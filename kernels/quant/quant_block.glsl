@@ -2,7 +2,8 @@
 // of lmtune::quant::Format: 0 q8_0, 1 q4_0, 2 q4_k, 3 q5_k, 4 q6_k, 5 nf4), the include of its format family,
 // which defines QK (elements per block), QB (bytes per block) and
 //   void dequant8(uint blk, uint g, out vec4 lo, out vec4 hi)
-// the 8 elements 8g .. 8g + 7 of the block starting at byte `blk`. The products (qmatmul*.comp) decode weights
+// the 8 elements 8g .. 8g + 7 of the block starting at byte `blk`, and Q_PREPARE(), which every kernel runs first
+// in uniform control flow (a format's tables into shared memory, then a barrier; nothing for most formats). The products (qmatmul*.comp) decode weights
 // only through dequant8, so the portable kernels lavapipe runs check the code the tensor-core kernels use.
 // Include after declaring `qw`, the weight's words: layout(...) readonly buffer { uint qw[]; }.
 // Every field of every format sits at an even byte address (blocks are 18, 34, 136, 144, 176 or 210 bytes).
@@ -30,6 +31,9 @@ uvec2 q_words8(uint b) { return uvec2(q_word(b), q_word(b + 4u)); }
 #include "quant/quant_kquants.glsl"
 #else
 #include "quant/quant_nf4.glsl"
+#endif
+#ifndef Q_PREPARE
+#define Q_PREPARE()
 #endif
 
 #endif

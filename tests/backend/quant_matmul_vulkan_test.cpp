@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include "backend/vulkan/quant_matmul.h"
+#include "backend/vulkan/context.h"
 #include "core/ops.h"
 #include "core/ops/quant_matmul.h"
 #include "core/quant.h"
@@ -31,6 +32,29 @@ TEST(VulkanQuantMatmul, MatchesTheCpuInThisDevicesKernels) {
                      ops::quantized_matmul(g, wc, dt).to_floats(), dt);
       }
   }
+}
+
+// The panel route with several panels that matmul_cm2 writes in place as column slices of the result (devices with
+// VK_NV_cooperative_matrix2; the op tests check the other panel paths everywhere): 2048-row panels of a q4_k
+// weight [4096, 1024] against 1536 bf16 rows, the addend added after the last panel.
+TEST(VulkanQuantMatmul, PanelsWrittenInPlaceByTheCooperativeMatrix2Product) {
+  REQUIRE_VULKAN();
+  vk::Context& ctx = vk::context_for(gpu());
+  if (!ctx.features().cooperative_matrix2 || !ctx.features().bf16_cooperative_matrix)
+    GTEST_SKIP() << "no bf16 cooperative matrices 2";
+  ctx.kernel_choice().quant_panels = true;
+  ctx.kernel_choice().quant_panel_bytes = int64_t(2048) * 1024 * 2;
+  const Tensor dense = Tensor::randn({4096, 1024}, 54, 0.2f, DType::f32, Device::cpu());
+  const quant::QuantizedTensor wc = quant::quantize(dense, quant::Format::q4_k, Device::cpu());
+  const quant::QuantizedTensor wg = quant::quantize(dense, quant::Format::q4_k, gpu());
+  EXPECT_EQ(vk::plan_quant_matmul(ctx, quant::Format::q4_k, true, 1536, 4096, 1024, DType::bf16).describe(),
+            "qpanels q4_k 2x2048 nt");
+  const Tensor x = Tensor::randn({1536, 1024}, 55, 1.0f, DType::bf16, Device::cpu());
+  const Tensor d = Tensor::randn({1536, 4096}, 56, 1.0f, DType::bf16, Device::cpu());
+  const std::vector<float> got = ops::quantized_linear_add(x.to(gpu()), wg, d.to(gpu())).to_floats();
+  ctx.kernel_choice().quant_panels = false;
+  ctx.kernel_choice().quant_panel_bytes = 0;
+  EXPECT_CLOSE(got, ops::quantized_linear_add(x, wc, d).to_floats(), DType::bf16);
 }
 
 }  // namespace

@@ -2,8 +2,9 @@
 // double-precision product on the weight quant::dequantize gives: odd row counts (the gemv kernel's 1..4 rows and
 // the tiled kernels' larger ones), N not a multiple of any tile, f32/f16/bf16 inputs; on Vulkan every kernel the
 // device has (gemv and tiled automatically, the tiled kernel forced for few rows too, the tensor-core kernel where
-// present). The vjp and jvp against finite differences.
+// present, the panel route forced). The vjp and jvp against finite differences.
 #include <array>
+#include <functional>
 
 #include "autodiff/gradcheck.h"
 #include "backend/vulkan/matmul.h"
@@ -110,6 +111,47 @@ TEST_P(OpTest, QuantizedProductsTensorCoreKernel) {
   }
 }
 
+// Forces the panel route (W decoded into dense panels of at most `bytes`, then the dense products) for a scope.
+struct ForcePanels {
+  ForcePanels(const Device& d, int64_t bytes) : dev(d) {
+    if (!dev.is_vulkan()) return;
+    vk::context_for(dev).kernel_choice().quant_panels = true;
+    vk::context_for(dev).kernel_choice().quant_panel_bytes = bytes;
+  }
+  ~ForcePanels() {
+    if (!dev.is_vulkan()) return;
+    vk::context_for(dev).kernel_choice().quant_panels = false;
+    vk::context_for(dev).kernel_choice().quant_panel_bytes = 0;
+  }
+  Device dev;
+};
+
+// The panel route, forced on every Vulkan device (automatic on tensor-core devices from 64 rows of 16-bit x): a
+// 100 KiB cap gives several panels and a partial last one in both layouts (W [300, 512]: 96- or 48-row panels
+// for x Wᵀ, 168- or 80-column ones for dY W), the default one panel; the addend goes in either way.
+TEST_P(OpTest, QuantizedProductsPanelRoute) {
+  if (!dev().is_vulkan()) GTEST_SKIP() << "Vulkan kernel choice";
+  for (int64_t cap : {int64_t(100) << 10, int64_t(0)}) {
+    ForcePanels force(dev(), cap);
+    for (quant::Format f : kFormats) {
+      if (cap == 0 && f != quant::Format::nf4) continue;
+      const quant::QuantizedTensor w = random_weight(f, 300, 512, dev(), 28);
+      const ref::Array wd = ref::of(quant::dequantize(w, DType::f32));
+      for (int64_t M : {5, 70})
+        for (DType dt : {DType::f32, M == 5 ? DType::f16 : DType::bf16}) {
+          LMTUNE_CASE(quant::info(f).name << " cap " << cap << " rows " << M << " " << dtype_name(dt));
+          const DType tol = dt == DType::f32 ? DType::f32 : DType::bf16;
+          Tensor x = make_input({M, 512}, dt, dev(), 29), d = make_input({M, 300}, dt, dev(), 30);
+          const ref::Array xw = ref::matmul(ref::of(x), ref::transpose(wd, 0, 1));
+          EXPECT_TRUE(close(ops::quantized_linear(x, w), xw, tol)) << "x Wᵀ";
+          EXPECT_TRUE(close(ops::quantized_linear_add(x, w, d), ref::binary(xw, ref::of(d), std::plus<double>()), tol)) << "x Wᵀ + d";
+          Tensor g = make_input({M, 300}, dt, dev(), 31);
+          EXPECT_TRUE(close(ops::quantized_matmul(g, w, dt), ref::matmul(ref::of(g), wd), tol)) << "dy W";
+        }
+    }
+  }
+}
+
 // Batch dims fold into rows, strided inputs are taken, a bias is added; bad shapes name both operands.
 TEST_P(OpTest, QuantizedLinearShapesAndErrors) {
   const quant::QuantizedTensor w = random_weight(quant::Format::q8_0, 33, 64, dev(), 31);
@@ -168,6 +210,18 @@ TEST_P(OpTest, QuantizedProductPlans) {
   // f32 products stay exact in f32: the tiled kernel, even where tensor cores are.
   EXPECT_EQ(vk::plan_quant_matmul(ctx, quant::Format::q4_k, false, 37, 70, 512, DType::f32).route,
             vk::QuantMatmulRoute::tiled);
+  // From 64 rows of 16-bit x, tensor-core devices decode panels for the dense products.
+  if (cm) {
+    EXPECT_EQ(plan(true, 64).describe(), "qpanels q4_k 1x70 nt");
+    EXPECT_EQ(plan(false, 63).route, vk::QuantMatmulRoute::coopmat);
+  }
+  {  // A panel holds at most the cap's bytes: 102400 / (512 x 2) = 100 columns -> 96; 102400 / (300 x 4) -> 80.
+    ForcePanels panels(dev(), int64_t(100) << 10);
+    EXPECT_EQ(vk::plan_quant_matmul(ctx, quant::Format::q4_k, true, 5, 300, 512, DType::bf16).describe(),
+              "qpanels q4_k 4x96 nt");
+    EXPECT_EQ(vk::plan_quant_matmul(ctx, quant::Format::q4_k, false, 5, 512, 300, DType::f32).describe(),
+              "qpanels q4_k 7x80 nn");
+  }
   ForceMatmul force(dev(), vk::MatmulKernel::scalar);
   EXPECT_EQ(plan(true, 1).route, vk::QuantMatmulRoute::tiled);
 }

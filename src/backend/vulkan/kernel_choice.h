@@ -1,6 +1,7 @@
 // Where the Vulkan backend has several kernels for one op, which it runs: the automatic choice in use; tests force
 // each kernel to check it on the device. One per Context (Context::kernel_choice()).
 #pragma once
+#include <cstdint>
 
 namespace lmtune::vk {
 
@@ -17,6 +18,10 @@ struct KernelChoice {
   // coopmat: the tensor-core kernels (registers where the fragment layout is NVIDIA's, else shared memory);
   // coopmat_shared: the shared-memory ones (head dims up to 64).
   FlashKernel flash = FlashKernel::automatic;
+  // Products with a quantized weight: true forces the panel route (W decoded a panel at a time, dense products;
+  // backend/vulkan/quant_matmul.h) for any rows and dtype; quant_panel_bytes > 0 caps a panel (tests take several).
+  bool quant_panels = false;
+  int64_t quant_panel_bytes = 0;
 
   bool automatic_matmul() const { return matmul == MatmulKernel::automatic && !matmul_tile && !matmul_splitk; }
 };

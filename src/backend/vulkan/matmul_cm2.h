@@ -8,8 +8,8 @@ namespace lmtune::vk {
 
 // The kernel's name for c = a b (+ lr's u v, alpha 1) where it takes the product, else "": it takes a device with
 // cooperative_matrix2 (and bf16_cooperative_matrix for bf16), 2-dim a and b of one 16-bit type, a row-major, b
-// row-major or stored transposed, u and v 16-bit with v laid out as b, c of the operands' type or f32 and
-// contiguous, every row and offset a multiple of 8 elements, K >= 1024, and at least a wave of 128x256 tiles,
+// row-major or stored transposed, u and v 16-bit with v laid out as b, c of the operands' type or f32 with unit
+// column stride (a column slice of a wider matrix too), every row and offset a multiple of 8 elements, K >= 1024, and at least a wave of 128x256 tiles,
 // little of their area outside C.
 std::string cm2_kernel(Context& ctx, const Tensor& a, const Tensor& b, const Tensor& c, const LowRankTerm* lr);
 // Records the product on `kernel` (from cm2_kernel).
