@@ -6,7 +6,8 @@
 #    rounding flips) the same greedy tokens, and the same tensors and keys as the independent
 #    reference converter tests/scripts/hf_to_gguf.py writes from the merged HF directory (also for q8_0);
 #  - `export --format gguf` (no --merge) must equal the reference's convert_lora_to_gguf.py form of the adapter;
-#  - each writes a Modelfile; bad input is a one-line error with exit status 1.
+#  - each writes a Modelfile; bad input is a one-line error with exit status 1;
+#  - q8_0 / q4_k: a tiny model trained to recite a sentence continues prompts with the source's greedy tokens.
 # Usage: gguf_export.sh LMTUNE_BINARY SOURCE_DIR [f16|q8_0|q4_k]
 #   q8_0 / q4_k run the exported model with quantized Linear weights: they need the engine's quantized products.
 set -euo pipefail
@@ -16,8 +17,8 @@ fail() { echo "FAIL: $*" >&2; exit 1; }
 PY=$SRC/tests/scripts
 printf '{"prompt": "2+2=", "completion": " 4"}\n{"prompt": "Hello there, how", "completion": " are you doing"}\n' \
   > "$T/d.jsonl"
-adapter() {  # MODEL_DIR OUT_DIR: rank 2, alpha 4, random A and B on q/k/v of every layer
-  python3 - "$1" "$2" <<'PY'
+adapter() {  # MODEL_DIR OUT_DIR [B_STDDEV]: rank 2, alpha 4, random A and B (default stddev 0.3) on q/k/v
+  python3 - "$1" "$2" "${3:-0.3}" <<'PY'
 import json, os, random, struct, sys
 cfg = json.load(open(os.path.join(sys.argv[1], "config.json"))); d = sys.argv[2]; os.makedirs(d)
 hd = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
@@ -27,7 +28,8 @@ random.seed(1); header = {}; blob = b""
 for l in range(cfg["num_hidden_layers"]):
     for mod, out in outs.items():
         for kind, shape in (("lora_A", (2, cfg["hidden_size"])), ("lora_B", (out, 2))):
-            v = [random.gauss(0, 0.3) for _ in range(shape[0] * shape[1])]
+            sd = 0.3 if kind == "lora_A" else float(sys.argv[3])
+            v = [random.gauss(0, sd) for _ in range(shape[0] * shape[1])]
             data = struct.pack("<%df" % len(v), *v)
             header[f"base_model.model.model.layers.{l}.self_attn.{mod}.{kind}.weight"] = {
                 "dtype": "F32", "shape": list(shape), "data_offsets": [len(blob), len(blob) + len(data)]}
@@ -95,6 +97,44 @@ PY
 }
 check tiny-llama llama3 llama "$KIND"
 check tiny-gemma2 llama2 gemma2 "f16 q8_0"
+# Greedy tokens of quantized exports. A random tiny model has near-tied logits that quantization flips, so the tiny
+# gemma2 first learns to recite a sentence (a full fine-tune of 60 steps); then its q8_0 export must continue
+# prompts with exactly the source model's greedy tokens, and q4_k's must agree on at least 16 of 20.
+if [ "$KIND" != f16 ]; then
+  text="The quick brown fox jumps over the lazy dog while seven wizards quietly box the jumping frogs."
+  for _ in 1 2 3 4; do printf '{"text": "%s"}\n' "$text"; done > "$T/recite.jsonl"
+  cat > "$T/recite.yaml" <<EOF
+model: $T/tiny-gemma2
+device: cpu
+precision: fp32
+finetune: full
+data: {train: $T/recite.jsonl, max_seq_len: 64, packing: false}
+optimizer: {name: adamw, lr: 1.0e-2}
+schedule: {name: constant}
+train: {batch_size: 4, steps: 60, grad_checkpointing: false}
+eval: {every: 0}
+save: {every: 0, dir: $T/recite}
+EOF
+  "$L" train "$T/recite.yaml" --log-level warn
+  adapter "$T/recite/model" "$T/recite.ad" 0  # B = 0: the merged model is the trained one
+  "$L" --device cpu export --model "$T/recite/model" --adapter "$T/recite.ad" --merge --format gguf \
+    --quantize "$KIND" --out "$T/recite.gguf" --log-level warn
+  greedy() {  # MODEL PROMPT
+    "$L" --device cpu generate --model "$1" --prompt "$2" --max-tokens 10 --json --log-level warn \
+      | python3 -c 'import json,sys; print(" ".join(map(str, json.load(sys.stdin)["ids"])))'
+  }
+  src="" out=""
+  for p in "The quick brown" "seven wizards"; do
+    src="$src $(greedy "$T/recite/model" "$p")" out="$out $(greedy "$T/recite.gguf" "$p")"
+  done
+  python3 - "$KIND" "$src" "$out" <<'PY' || fail "$KIND: greedy tokens of the trained model differ"
+import sys
+kind, a, b = sys.argv[1], sys.argv[2].split(), sys.argv[3].split()
+same = sum(x == y for x, y in zip(a, b))
+print(f"{kind}: {same} of {len(a)} greedy tokens as the source model's")
+assert len(a) == len(b) == 20 and same >= (20 if kind == "q8_0" else 16), (a, b)
+PY
+fi
 # Bad input: one line naming the problem, exit status 1.
 if "$L" --device cpu export --model "$T/tiny-llama" --adapter "$T/tiny-llama.ad" --merge --format gguf \
   --quantize q3_k --out "$T/x.gguf" 2> "$T/err.txt"; then fail "--quantize q3_k accepted"; fi
