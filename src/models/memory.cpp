@@ -1,7 +1,10 @@
 // LoRA training memory estimate (see memory.h and docs/models.md, "Memory estimate").
 #include "models/memory.h"
 
+#include <algorithm>
+
 #include "core/ops/linear_cross_entropy.h"
+#include "core/ops/quant_matmul.h"
 #include "models/weights.h"
 
 namespace lmtune::models {
@@ -20,6 +23,9 @@ TrainingMemoryEstimate estimate_training_memory(const ModelConfig& c, const Trai
     const uint64_t projections = uint64_t(L) * uint64_t(C * HD * 2 + C * KVD * 2 + 3 * C * I);
     e.weights -= projections * dtype_size(o.weight_dtype);
     e.weights += projections * f.block_bytes / uint64_t(f.block_elems);
+    // plus the one panel the products decode at a time (the largest projection, or the backend's cap)
+    const uint64_t largest = uint64_t(std::max({C * HD, C * KVD, C * I}));
+    e.weights += std::min(kQuantizedPanelBytes, largest * act);
   }
   // LoRA on q, k, v, o, gate, up, down: R * (in + out) each.
   const int64_t per_layer = o.rank * ((C + HD) + (C + KVD) * 2 + (HD + C) + (C + I) * 2 + (I + C));

@@ -297,6 +297,18 @@ TEST(MemoryEstimate, CheckpointingSavesActivationsAndLoraIsSmall) {
   EXPECT_LT(e.total(false), e.floor(false));
 }
 
+// QLoRA: the seven projections at the format's block bytes (nf4: 136 per 256 elements) and the one bf16 panel the
+// quantized products decode at a time (Llama-3.2-1B's largest projection, 8192 x 2048).
+TEST(MemoryEstimate, QuantizedProjectionsCountTheirBlocksAndOneDecodedPanel) {
+  ModelConfig c = preset("llama-3.2-1b");
+  TrainingMemoryOptions o;
+  const uint64_t dense = estimate_training_memory(c, o).weights;
+  o.quantize = quant::Format::nf4;
+  const uint64_t projections = 16 * uint64_t(2048 * 2048 * 2 + 2048 * 512 * 2 + 3 * 2048 * 8192);
+  EXPECT_EQ(estimate_training_memory(c, o).weights,
+            dense - projections * 2 + projections * 136 / 256 + uint64_t(8192) * 2048 * 2);
+}
+
 // train.checkpoint_layers auto: leaving u layers unchecked swaps u layer inputs for whole layers, and the count
 // chosen is the largest whose estimate stays within the floor and what the device has.
 TEST(MemoryEstimate, UncheckedLayersStayWithinTheFloor) {

@@ -18,6 +18,7 @@
 
 #include "backend/vulkan/context.h"
 #include "core/dtype.h"
+#include "core/ops/quant_matmul.h"
 #include "core/quant.h"
 
 namespace lmtune::vk {
@@ -40,9 +41,9 @@ struct QuantMatmulPlan {
 
 constexpr uint64_t kQuantGemvMaxRows = 4;
 constexpr uint64_t kQuantPanelMinRows = 64;
-// One panel holds every projection of an 8B model (14336 x 4096 bf16 is 112 MiB): fewer, larger products (the
-// H100's 2048-token down_proj in 2304-column panels ran at 152-174 TFLOP/s against 271 whole).
-constexpr uint64_t kQuantPanelBytes = uint64_t(128) << 20;
+// A panel holds kQuantizedPanelBytes (core/ops/quant_matmul.h): fewer, larger products (the H100's 2048-token
+// down_proj in 2304-column panels ran at 152-174 TFLOP/s against 271 whole).
+constexpr uint64_t kQuantPanelBytes = kQuantizedPanelBytes;
 
 QuantMatmulPlan plan_quant_matmul(Context& ctx, quant::Format format, bool transposed, uint64_t M, uint64_t N,
                                   uint64_t K, DType x_dtype);

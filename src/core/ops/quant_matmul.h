@@ -8,6 +8,10 @@
 
 namespace lmtune {
 
+// The most of a weight a backend decodes at once (the Vulkan panel route's buffer, backend/vulkan/quant_matmul.h):
+// one 8B projection (14336 x 4096 bf16 is 112 MiB) in one panel. The memory estimate counts it (models/memory.cpp).
+constexpr uint64_t kQuantizedPanelBytes = uint64_t(128) << 20;
+
 // x [M, K_x] (rows; any float dtype, unit column stride) -> out [M, N_out] in the output dtype, f32 sums.
 // transposed: out = x Wᵀ (K_x = W's cols, N_out = W's rows); else out = x W (K_x = W's rows, N_out = W's cols).
 // An optional second input d [M, N_out] (any float dtype) is added as the result is stored: a LoRA delta without
