@@ -2,6 +2,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
+#include <optional>
 
 #include "core/backend.h"
 #include "core/error.h"
@@ -48,15 +49,21 @@ void print_pair_stats(const char* name, const PreferenceDataset& d, int per_step
                 double(steps) * double(per_step) / double(std::max<int64_t>(s.samples, 1)));
 }
 
+// The objective's data, loaded (and its errors thrown) before anything is printed.
+struct DryRunData {
+  std::optional<TrainData> sft;
+  std::optional<PreferenceData> preference;
+};
+
 // The data part of the dry run: statistics of the objective's data.
-void print_data(const Recipe& r, const Tokenizer& tokenizer) {
-  if (r.objective != Objective::sft) {
-    PreferenceData data = load_preference_data(r, tokenizer);
+void print_data(const Recipe& r, const DryRunData& d) {
+  if (d.preference) {
+    const PreferenceData& data = *d.preference;
     print_pair_stats("training", data.train, r.train.batch_size * r.train.grad_accum, r.train.steps);
     if (!data.valid.pairs.empty()) print_pair_stats("validation", data.valid, 0, 0);
     return;
   }
-  TrainData data = load_train_data(r, tokenizer);
+  const TrainData& data = *d.sft;
   print_stats("training", data.train, r.data.max_seq_len, r.data.packing, r.train.seed);
   if (data.has_valid()) print_stats("validation", data.valid, r.data.max_seq_len, r.data.packing, r.train.seed);
   const int64_t seqs = sequences_per_epoch(data.train, r.data.max_seq_len, r.data.packing, r.train.seed);
@@ -74,10 +81,13 @@ void dry_run(const Recipe& r, const TrainOptions& options) {
   ModelConfig config = load_model_config(r.model);
   Tokenizer tokenizer = Tokenizer::load(r.model);
   check_recipe_fits(r, tokenizer, device);
+  DryRunData data;
+  if (r.objective == Objective::sft) data.sft = load_train_data(r, tokenizer);
+  else data.preference = load_preference_data(r, tokenizer);
 
   std::printf("# resolved recipe (%s)\n%s\n", r.source.string().c_str(), r.resolved_yaml.c_str());
   std::printf("device            %s\n", device.str().c_str());
-  print_data(r, tokenizer);
+  print_data(r, data);
 
   models::TrainingMemoryOptions mo;
   mo.batch = sequences_per_micro_batch(r);

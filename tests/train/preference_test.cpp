@@ -118,8 +118,9 @@ TEST_P(PreferenceReference, LossesRewardsAndGradientsMatchPyTorch) {
   }
 }
 
-// preference_train_step over two micro-batches (2 pairs, then 1) takes the same SGD step as the reference's
-// gradient of the mean over all 3 pairs (ORPO: its NLL over all chosen tokens of the step).
+// preference_train_step over two micro-batches (2 pairs, then 1, unpacked, with gradient checkpointing) takes the
+// same SGD step as the reference's gradient of the mean over all 3 pairs (ORPO: its NLL over all chosen tokens of
+// the step).
 TEST_P(PreferenceReference, AccumulatedStepMatchesOneBatchGradient) {
   SafetensorsFile expected(kFixture / "expected.safetensors");
   const PreferenceDataset data = fixture_pairs();
@@ -137,6 +138,7 @@ TEST_P(PreferenceReference, AccumulatedStepMatchesOneBatchGradient) {
     ASSERT_EQ(micro[0].pairs + micro[1].pairs, 3);
     StepOptions so;
     so.lr = lr;
+    so.checkpoint_layers = true;  // the policy's layers recompute in backward, as with train.grad_checkpointing
     StepResult res = preference_train_step(*tm.decoder, opt, scaler, micro, so, settings_for(expected, name));
     ASSERT_TRUE(res.applied) << res.skip_reason;
     const double want = expected.at(name + ".loss").to_f32()[0];

@@ -88,3 +88,13 @@ TEST(PreferenceTrainingErrors, RecipeAndDataErrorsNameKeyOrLine) {
   EXPECT_NE(data.exit_code, 0);
   EXPECT_NE(data.output.find("bad.jsonl:3: missing key \"rejected\""), std::string::npos) << data.output;
 }
+
+TEST(PreferenceTrainingErrors, DryRunCountsPairs) {
+  PreferenceRun run;
+  ChildResult r = run_lmtune({"train", run.recipe.string(), "--dry-run", "data.valid=" + run.valid.string()});
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("training data (preference pairs)"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("pairs             48 (of 48 lines)"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("pairs             16 (of 16 lines)"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("steps/epoch       12 (4 pairs per step)"), std::string::npos) << r.output;
+}
