@@ -76,7 +76,7 @@ class PreferenceSource : public StepSource {
     MetricValues m{{"loss", e.loss}};
     for (const auto& kv : e.rewards.metrics()) m.push_back(kv);
     m.push_back({"pairs", double(e.rewards.pairs)});
-    summary = fmt::format("loss {:.4f} | margin {:.4f} | accuracy {:.3f} | {} pairs in {} batches", e.loss,
+    summary = fmt::format("loss {:.4f} | reward_margin {:.3f} | accuracy {:.3f} | {} pairs in {} batches", e.loss,
                           e.rewards.metrics()[0].second, e.rewards.metrics()[1].second, e.rewards.pairs, e.batches);
     return m;
   }
