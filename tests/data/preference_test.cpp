@@ -190,3 +190,14 @@ TEST(PairBatcher, KeepsPairsTogetherPackedOrPadded) {
   EXPECT_EQ(shuffled.next().pairs, 5);
   EXPECT_TRUE(shuffled.epoch_finished());
 }
+
+// The prompt lists both answers: the masks must cover the responses, not the same words in the question.
+TEST(PreferenceData, ChatResponsesQuotedInThePromptAreFoundInTheirOwnTurn) {
+  TempDir d;
+  auto f = d.write("q.jsonl", R"({"prompt": [{"role": "user", "content": "positive or negative?"}],)"
+                              R"( "chosen": "negative", "rejected": "positive"})" "\n");
+  PreferenceDataset ds = load_preference_dataset(f, bytes(), {});
+  ASSERT_EQ(ds.pairs.size(), 1u);
+  EXPECT_EQ(trained_text(ds.pairs[0].chosen), "negative<|im_end|>");
+  EXPECT_EQ(trained_text(ds.pairs[0].rejected), "positive<|im_end|>");
+}
