@@ -138,7 +138,8 @@ TEST(Recipe, PreferenceObjectiveKeys) {
   EXPECT_DOUBLE_EQ(r.preference.beta, 2.5);
   EXPECT_DOUBLE_EQ(r.preference.gamma, 1.0);
   EXPECT_DOUBLE_EQ(r.preference.label_smoothing, 0.1);
-  EXPECT_NE(error_of(kMinimal, {"objective=ppo"}).find("'ppo' is not one of sft, dpo, orpo, simpo"), std::string::npos);
+  EXPECT_NE(error_of(kMinimal, {"objective=ppo"}).find("'ppo' is not one of sft, dpo, orpo, simpo"),
+            std::string::npos);
   EXPECT_NE(error_of(std::string(kMinimal) + "objective: dpo\nfinetune: full\n")
                 .find("key 'objective': dpo needs finetune: lora"),
             std::string::npos);
