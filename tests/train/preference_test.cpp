@@ -155,3 +155,20 @@ TEST_P(PreferenceReference, AccumulatedStepMatchesOneBatchGradient) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Devices, PreferenceReference, ::testing::Values("cpu", "vulkan"));
+
+// log σ is computed by logsumexp: margins far beyond float's exp range give the exact losses (0 and |z|) and
+// finite gradients, where log(sigmoid(z)) would give -inf.
+TEST(PreferenceTerms, ExtremeMarginsStayFinite) {
+  PairBatch pb;
+  pb.pairs = 2;
+  pb.response_tokens = {1, 1, 1, 1};
+  Tensor logps = Tensor::from_floats({0, -1000, -1000, 0}, {4});
+  logps.set_requires_grad(true);
+  Tensor reference = Tensor::zeros({4});
+  PreferenceTerms t = preference_terms(logps, reference, pb, {Objective::dpo, 1.0, 0.0, 0.0});
+  EXPECT_NEAR(t.pair_loss.item(), 1000.0, 1e-3);  // pair 0: z = 1000, loss 0; pair 1: z = -1000, loss 1000
+  backward(t.pair_loss);
+  const std::vector<float> g = logps.grad().to_floats();
+  const std::vector<float> want{0, 0, -1, 1};  // d/dlogp of -log σ(lc - lr): -(1 - σ(z)) for c, +(1 - σ(z)) for r
+  for (size_t i = 0; i < 4; ++i) EXPECT_NEAR(g[i], want[i], 1e-6) << i;
+}
