@@ -16,13 +16,18 @@ Batcher::Batcher(const Dataset& data, int batch_size, int seq_len, bool packing,
   start_epoch(0);
 }
 
-void Batcher::start_epoch(int64_t epoch) {
-  order_.resize(data_.samples.size());
-  std::iota(order_.begin(), order_.end(), 0);
-  if (shuffle_) {  // Fisher-Yates with our portable RNG: the same seed gives the same order everywhere
-    Rng rng(seed_ * 0x9e3779b97f4a7c15ull + uint64_t(epoch) + 1);
-    for (size_t i = order_.size(); i > 1; --i) std::swap(order_[i - 1], order_[rng.next_u64() % i]);
+std::vector<int64_t> epoch_order(size_t n, uint64_t seed, int64_t epoch, bool shuffle) {
+  std::vector<int64_t> order(n);
+  std::iota(order.begin(), order.end(), 0);
+  if (shuffle) {  // Fisher-Yates with our portable RNG: the same seed gives the same order everywhere
+    Rng rng(seed * 0x9e3779b97f4a7c15ull + uint64_t(epoch) + 1);
+    for (size_t i = order.size(); i > 1; --i) std::swap(order[i - 1], order[rng.next_u64() % i]);
   }
+  return order;
+}
+
+void Batcher::start_epoch(int64_t epoch) {
+  order_ = epoch_order(data_.samples.size(), seed_, epoch, shuffle_);
   cursor_ = {epoch, 0};
 }
 
@@ -55,6 +60,10 @@ Batch Batcher::next() {
   }
   rows.erase(std::remove_if(rows.begin(), rows.end(), [](const auto& r) { return r.empty(); }), rows.end());
   if (packing_) T = seq_len_;
+  return layout_batch(rows, T);
+}
+
+Batch layout_batch(const std::vector<std::vector<const Sample*>>& rows, int T, std::vector<int32_t>* sequence) {
   Batch b;
   b.B = int(rows.size());
   b.T = T;
@@ -63,6 +72,8 @@ Batch Batcher::next() {
   b.targets.assign(n, -100);
   b.positions.assign(n, 0);
   b.doc_ids.assign(n, 0);
+  if (sequence) sequence->assign(n, -1);
+  int32_t index = 0;
   for (int r = 0; r < b.B; ++r) {
     int t = 0, doc = 0;
     size_t base = size_t(r) * size_t(T);
@@ -74,11 +85,13 @@ Batch Batcher::next() {
         b.doc_ids[base + size_t(t + i)] = doc;
         if (i + 1 < len && s->trainable[size_t(i + 1)]) {
           b.targets[base + size_t(t + i)] = s->ids[size_t(i + 1)];
+          if (sequence) (*sequence)[base + size_t(t + i)] = index;
           ++b.trainable_tokens;
         }
       }
       t += len;
       ++doc;
+      ++index;
     }
     for (; t < T; ++t) b.doc_ids[base + size_t(t)] = doc++;  // each padding slot attends only to itself
   }

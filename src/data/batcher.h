@@ -18,6 +18,16 @@ struct Batch {
   int64_t trainable_tokens = 0;    // targets != -100
 };
 
+// Rows of samples laid out as a Batch of width T: each row's samples one after another (a sample cut where the row
+// ends), the rest padding. When `sequence` is given it receives, for each of the B*T slots, the index of the
+// sample (counted over all rows in order) whose target the slot holds, or -1 where the target is -100.
+Batch layout_batch(const std::vector<std::vector<const Sample*>>& rows, int T,
+                   std::vector<int32_t>* sequence = nullptr);
+
+// The order in which an epoch visits n items: 0..n-1, or a Fisher-Yates shuffle drawn from (seed, epoch), the same
+// on every platform.
+std::vector<int64_t> epoch_order(size_t n, uint64_t seed, int64_t epoch, bool shuffle);
+
 class Batcher {
  public:
   struct Cursor {

@@ -72,6 +72,13 @@ Sample tokenize_chat(const json& obj, const Tokenizer& tok, const ChatTemplate* 
 
 }  // namespace
 
+std::string data_hash(const std::string& text, const Tokenizer& tok, const std::string& settings) {
+  uint64_t h = fnv1a(0xcbf29ce484222325ull, text);
+  h = fnv1a(h, settings);
+  h ^= tokenizer_fingerprint(tok) * 0x9e3779b97f4a7c15ull;
+  return hex64(h);
+}
+
 Sample tokenize_record(const std::string& line, const Tokenizer& tok, std::string& format, const std::string& where,
                        const ChatTemplate* chat) {
   json obj;
@@ -194,10 +201,7 @@ Dataset load_dataset(const std::filesystem::path& file, const Tokenizer& tok, co
   if (opt.max_seq_len < 2) throw ConfigError("data.max_seq_len must be at least 2");
   std::string text = read_file_text(file);
   Dataset ds;
-  uint64_t h = fnv1a(0xcbf29ce484222325ull, text);
-  h = fnv1a(h, opt.format + "|" + std::to_string(opt.max_seq_len) + "|" + opt.overlong);
-  h ^= tokenizer_fingerprint(tok) * 0x9e3779b97f4a7c15ull;
-  ds.hash = hex64(h);
+  ds.hash = data_hash(text, tok, opt.format + "|" + std::to_string(opt.max_seq_len) + "|" + opt.overlong);
   std::filesystem::path cache_file = cache_dir.empty() ? std::filesystem::path() : cache_dir / ("tokenized-" + ds.hash + ".h5");
   if (!cache_dir.empty() && read_cache(cache_file, ds)) {
     spdlog::debug("token cache hit: {}", cache_file.string());

@@ -46,6 +46,10 @@ struct Dataset {
 Dataset load_dataset(const std::filesystem::path& file, const Tokenizer& tokenizer, const DataOptions& options,
                      const std::filesystem::path& cache_dir = {});
 
+// A hash of a data file's text, the tokenizer (its vocabulary, specials, chat template and pipeline) and the
+// settings that shape the samples: names token caches and goes into checkpoints.
+std::string data_hash(const std::string& file_text, const Tokenizer& tokenizer, const std::string& settings);
+
 // Tokenizes one JSONL line (from `where`, e.g. "train.jsonl:12"). format "auto" is replaced by the format
 // detected. `chat` is the parsed chat template (parsed on demand when null). Throws FileError for bad lines.
 Sample tokenize_record(const std::string& json_line, const Tokenizer& tokenizer, std::string& format,

@@ -80,6 +80,23 @@ size_t ChatTemplate::end_of_turn_token_end(const std::string& text, size_t pos, 
   return std::string::npos;
 }
 
+// Where message m's turn starts in `rendered`: the length of the conversation before it rendered with the generation
+// prompt, when that is a prefix of `rendered` (0 otherwise, or when the template rejects the shorter conversation).
+// An assistant's content is searched for from there: the same words may occur in earlier turns (a question that
+// lists the answer's options), and those must not be taken for the answer.
+size_t ChatTemplate::rendered_before(const nlohmann::json& messages, size_t m, const std::string& rendered,
+                                     const nlohmann::json& extra) const {
+  if (m == 0) return 0;
+  try {
+    const std::string before =
+        render(nlohmann::json(std::vector<nlohmann::json>(messages.begin(), messages.begin() + int64_t(m))), true,
+               extra);
+    return rendered.compare(0, before.size(), before) == 0 ? before.size() : 0;
+  } catch (const Error&) {
+    return 0;
+  }
+}
+
 ChatTemplate::Example ChatTemplate::encode_with_assistant_mask(const nlohmann::json& messages,
                                                                const nlohmann::json& extra) const {
   const std::string rendered = render(messages, false, extra);
@@ -91,6 +108,7 @@ ChatTemplate::Example ChatTemplate::encode_with_assistant_mask(const nlohmann::j
   size_t cursor = 0;
   for (size_t m = 0; m < messages.size(); ++m) {
     if (!messages[m].is_object() || messages[m].value("role", std::string()) != "assistant") continue;
+    cursor = std::max(cursor, rendered_before(messages, m, rendered, extra));
     for (const std::string& full : assistant_texts(messages[m])) {
       std::string text = strip_whitespace(full);
       if (text.empty()) continue;

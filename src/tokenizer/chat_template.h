@@ -39,6 +39,9 @@ class ChatTemplate {
   std::vector<int32_t> stop_ids() const;
 
  private:
+  // Where message m's turn starts in the rendered conversation (0 when that cannot be told).
+  size_t rendered_before(const nlohmann::json& messages, size_t m, const std::string& rendered,
+                         const nlohmann::json& extra) const;
   // The special token starting at text[pos] (after optional whitespace); returns its end or npos.
   size_t end_of_turn_token_end(const std::string& text, size_t pos, int32_t* id = nullptr) const;
 

@@ -1,6 +1,8 @@
 // `lmtune train --dry-run`: everything train() checks before its first step, and what the run would use.
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
+#include <optional>
 
 #include "core/backend.h"
 #include "core/error.h"
@@ -8,6 +10,7 @@
 #include "models/memory.h"
 #include "tokenizer/tokenizer.h"
 #include "train/model_setup.h"
+#include "train/preference.h"
 #include "train/train_data.h"
 #include "train/trainer.h"
 
@@ -33,6 +36,43 @@ void print_stats(const char* name, const Dataset& d, int seq_len, bool packing, 
               packing ? "packed" : "one sample per row", seq_len);
 }
 
+void print_pair_stats(const char* name, const PreferenceDataset& d, int per_step, int steps) {
+  const DatasetStats& s = d.stats;
+  std::printf("%s data (preference pairs)\n", name);
+  std::printf("  pairs             %lld (of %lld lines)\n", (long long)s.samples, (long long)s.lines);
+  std::printf("  tokens            %lld, in responses %lld\n", (long long)s.tokens, (long long)s.trainable_tokens);
+  std::printf("  truncated         %lld, dropped (over-long) %lld, rejected (empty response) %lld\n",
+              (long long)s.truncated, (long long)s.dropped_overlong, (long long)s.rejected_untrainable);
+  if (per_step > 0)
+    std::printf("steps/epoch       %lld (%d pairs per step); %d steps = %.2f epochs\n",
+                (long long)((s.samples + per_step - 1) / per_step), per_step, steps,
+                double(steps) * double(per_step) / double(std::max<int64_t>(s.samples, 1)));
+}
+
+// The objective's data, loaded (and its errors thrown) before anything is printed.
+struct DryRunData {
+  std::optional<TrainData> sft;
+  std::optional<PreferenceData> preference;
+};
+
+// The data part of the dry run: statistics of the objective's data.
+void print_data(const Recipe& r, const DryRunData& d) {
+  if (d.preference) {
+    const PreferenceData& data = *d.preference;
+    print_pair_stats("training", data.train, r.train.batch_size * r.train.grad_accum, r.train.steps);
+    if (!data.valid.pairs.empty()) print_pair_stats("validation", data.valid, 0, 0);
+    return;
+  }
+  const TrainData& data = *d.sft;
+  print_stats("training", data.train, r.data.max_seq_len, r.data.packing, r.train.seed);
+  if (data.has_valid()) print_stats("validation", data.valid, r.data.max_seq_len, r.data.packing, r.train.seed);
+  const int64_t seqs = sequences_per_epoch(data.train, r.data.max_seq_len, r.data.packing, r.train.seed);
+  const int64_t per_step = int64_t(r.train.batch_size) * r.train.grad_accum;
+  std::printf("steps/epoch       %lld (%lld sequences per step); %d steps = %.2f epochs\n",
+              (long long)((seqs + per_step - 1) / per_step), (long long)per_step, r.train.steps,
+              double(r.train.steps) * double(per_step) / double(seqs));
+}
+
 }  // namespace
 
 void dry_run(const Recipe& r, const TrainOptions& options) {
@@ -41,20 +81,16 @@ void dry_run(const Recipe& r, const TrainOptions& options) {
   ModelConfig config = load_model_config(r.model);
   Tokenizer tokenizer = Tokenizer::load(r.model);
   check_recipe_fits(r, tokenizer, device);
-  TrainData data = load_train_data(r, tokenizer);
+  DryRunData data;
+  if (r.objective == Objective::sft) data.sft = load_train_data(r, tokenizer);
+  else data.preference = load_preference_data(r, tokenizer);
 
   std::printf("# resolved recipe (%s)\n%s\n", r.source.string().c_str(), r.resolved_yaml.c_str());
   std::printf("device            %s\n", device.str().c_str());
-  print_stats("training", data.train, r.data.max_seq_len, r.data.packing, r.train.seed);
-  if (data.has_valid()) print_stats("validation", data.valid, r.data.max_seq_len, r.data.packing, r.train.seed);
-  const int64_t seqs = sequences_per_epoch(data.train, r.data.max_seq_len, r.data.packing, r.train.seed);
-  const int64_t per_step = int64_t(r.train.batch_size) * r.train.grad_accum;
-  std::printf("steps/epoch       %lld (%lld sequences per step); %d steps = %.2f epochs\n",
-              (long long)((seqs + per_step - 1) / per_step), (long long)per_step, r.train.steps,
-              double(r.train.steps) * double(per_step) / double(seqs));
+  print_data(r, data);
 
   models::TrainingMemoryOptions mo;
-  mo.batch = r.train.batch_size;
+  mo.batch = sequences_per_micro_batch(r);
   mo.seq = r.data.max_seq_len;
   mo.rank = r.finetune == Finetune::full ? 0 : r.lora.rank;
   mo.compute_dtype = compute_dtype(r);

@@ -53,7 +53,7 @@ std::string gib(uint64_t bytes) { return fmt::format("{:.2f} GiB", double(bytes)
 
 models::TrainingMemoryEstimate estimate_for(const Recipe& r, const TrainableModel& tm) {
   models::TrainingMemoryOptions mo;
-  mo.batch = r.train.batch_size;
+  mo.batch = sequences_per_micro_batch(r);
   mo.seq = r.data.max_seq_len;
   mo.rank = tm.lora_rank;
   mo.weight_dtype = tm.weight_dtype;
@@ -143,7 +143,7 @@ void check_max_seq_len(const Recipe& r, const ModelConfig& c) {
 
 uint64_t estimated_training_bytes(const Recipe& r, const ModelConfig& c) {
   models::TrainingMemoryOptions mo;
-  mo.batch = r.train.batch_size;
+  mo.batch = sequences_per_micro_batch(r);
   mo.seq = r.data.max_seq_len;
   mo.compute_dtype = compute_dtype(r);
   const bool full = r.finetune == Finetune::full;

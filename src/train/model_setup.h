@@ -40,6 +40,10 @@ TrainableModel build_trainable_model(const Recipe& recipe, Device device);
 // memory estimate within what `device` has. Throws ConfigError naming the keys and values.
 void check_recipe_fits(const Recipe& recipe, const Tokenizer& tokenizer, Device device);
 void check_max_seq_len(const Recipe& recipe, const ModelConfig& config);
+// Sequences a micro-batch holds: train.batch_size, or twice that for a preference objective (batch_size pairs).
+inline int64_t sequences_per_micro_batch(const Recipe& r) {
+  return int64_t(r.train.batch_size) * (r.objective == Objective::sft ? 1 : 2);
+}
 // Weights, adapter (or full fine-tuning) state and activations at train.batch_size x data.max_seq_len.
 uint64_t estimated_training_bytes(const Recipe& recipe, const ModelConfig& config);
 // Throws ConfigError naming the estimate, `available` and the keys behind them when the estimate is larger;

@@ -18,6 +18,9 @@ namespace lmtune {
 std::string to_string(Precision p) { return p == Precision::fp32 ? "fp32" : p == Precision::fp16 ? "fp16" : "bf16"; }
 std::string to_string(Finetune f) { return f == Finetune::lora ? "lora" : "full"; }
 std::string to_string(OptimizerName o) { return o == OptimizerName::adamw ? "adamw" : "sgd"; }
+std::string to_string(Objective o) {
+  return o == Objective::sft ? "sft" : o == Objective::dpo ? "dpo" : o == Objective::orpo ? "orpo" : "simpo";
+}
 std::string quantize_name(const std::optional<quant::Format>& f) {
   return f ? std::string(quant::info(*f).name) : "none";
 }
@@ -247,6 +250,10 @@ Recipe bind_all(const YAML::Node& root, const std::string& name) {
   b.bind("device", r.device);
   b.bind("precision", r.precision, {Precision::fp32, Precision::fp16, Precision::bf16});
   b.bind("finetune", r.finetune, {Finetune::lora, Finetune::full});
+  b.bind("objective", r.objective, {Objective::sft, Objective::dpo, Objective::orpo, Objective::simpo});
+  b.bind("preference.beta", r.preference.beta);
+  b.bind("preference.label_smoothing", r.preference.label_smoothing);
+  b.bind("preference.gamma", r.preference.gamma);
   std::string quantize = "none";
   b.bind("quantize", quantize, {"none", "nf4", "q4_0", "q4_k", "q5_k", "q6_k", "q8_0"});
   if (quantize != "none") r.quantize = quant::parse_format(quantize);
@@ -302,7 +309,14 @@ Recipe bind_all(const YAML::Node& root, const std::string& name) {
   if (r.data.train.empty()) throw ConfigError(name + ": key 'data.train' is required (a JSONL file)");
   if (r.quantize && r.finetune == Finetune::full)
     b.fail("quantize", "a quantized base is frozen: quantize needs finetune: lora (it is full)");
+  // The DPO reference is the base with the adapter switched off; full fine-tuning has no such model.
+  if (r.objective == Objective::dpo && r.finetune == Finetune::full)
+    b.fail("objective", "dpo needs finetune: lora (its reference model is the base without the adapter); "
+                        "use orpo or simpo for full fine-tuning");
   b.require_positive("data.max_seq_len", r.data.max_seq_len);
+  b.require_positive("preference.beta", r.preference.beta);
+  b.require_range("preference.label_smoothing", r.preference.label_smoothing, 0, 0.5, false);
+  if (!std::isfinite(r.preference.gamma)) b.fail("preference.gamma", "must be a finite number");
   b.require_positive("lora.rank", r.lora.rank);
   b.require_positive("lora.alpha", r.lora.alpha);
   b.require_positive("optimizer.lr", r.optimizer.lr);

@@ -15,10 +15,14 @@ namespace lmtune {
 enum class Precision { fp32, fp16, bf16 };  // the compute dtype
 enum class Finetune { lora, full };
 enum class OptimizerName { adamw, sgd };
+// What a step minimises: token cross-entropy on SFT data, or a preference objective on prompt/chosen/rejected
+// pairs (train/preference.h).
+enum class Objective { sft, dpo, orpo, simpo };
 // The recipe's spelling of each value ("bf16", "lora", "adamw").
 std::string to_string(Precision p);
 std::string to_string(Finetune f);
 std::string to_string(OptimizerName o);
+std::string to_string(Objective o);
 // The recipe's spelling of a quantize value: the format's name, or "none".
 std::string quantize_name(const std::optional<quant::Format>& f);
 
@@ -27,6 +31,14 @@ struct Recipe {
   std::string device = "auto";       // auto | cpu | vulkan[:N]
   Precision precision = Precision::bf16;  // compute dtype; trainable weights and optimizer state stay fp32
   Finetune finetune = Finetune::lora;
+  Objective objective = Objective::sft;
+  // Preference objectives (docs/training.md): beta scales the rewards (DPO, SimPO) or weighs ORPO's odds-ratio
+  // term; label_smoothing is the assumed fraction of flipped labels (DPO, SimPO); gamma is SimPO's target margin.
+  struct Preference {
+    double beta = 0.1;
+    double label_smoothing = 0;
+    double gamma = 0.5;
+  } preference;
   // quantize: nf4 | q4_0 | q4_k | q5_k | q6_k | q8_0 | none. The decoder layers' projections are quantized at load
   // and stay frozen (QLoRA); nullopt = none.
   std::optional<quant::Format> quantize;

@@ -100,6 +100,13 @@ StepResult train_step(const models::Decoder& model, Optimizer& opt, LossScaler& 
     loss_sum += value;
   }
   r.loss = loss_sum / double(r.trainable_tokens);
+  finish_step(r, opt, scaler, o, loss_scale);
+  if (!r.applied) return r;
+  clock.lap(&StepPhaseTimes::optimizer_s);  // the loss reads, gradient norm, clipping and the update
+  return r;
+}
+
+void finish_step(StepResult& r, Optimizer& opt, LossScaler& scaler, const StepOptions& o, double loss_scale) {
   r.grad_norm = opt.grad_norm(loss_scale);
   const bool finite = std::isfinite(r.grad_norm);
   if (!finite && scaler.enabled && scaler.scale > scaler.min_scale) {
@@ -107,12 +114,12 @@ StepResult train_step(const models::Decoder& model, Optimizer& opt, LossScaler& 
     scaler.update(true);
     r.skip_reason = "f16 gradient overflow; loss scale backed off to " + std::to_string(scaler.scale);
     opt.zero_grad();
-    return r;
+    return;
   }
   if (!finite) {
     r.skip_reason = "gradient norm is " + std::string(std::isnan(r.grad_norm) ? "NaN" : "Inf");
     opt.zero_grad();
-    return r;
+    return;
   }
   scaler.update(false);
   // torch.nn.utils.clip_grad_norm_: multiply by max_norm / (norm + 1e-6) when that is below 1.
@@ -120,9 +127,7 @@ StepResult train_step(const models::Decoder& model, Optimizer& opt, LossScaler& 
   if (o.grad_clip > 0) clip = std::min(1.0, o.grad_clip / (r.grad_norm + 1e-6));
   opt.step(o.lr, clip / loss_scale);
   opt.zero_grad();
-  clock.lap(&StepPhaseTimes::optimizer_s);  // the loss reads, gradient norm, clipping and the update
   r.applied = true;
-  return r;
 }
 
 }  // namespace lmtune

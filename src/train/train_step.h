@@ -49,6 +49,7 @@ struct StepResult {
   bool applied = false;          // the optimizer update happened
   bool overflow = false;         // fp16: gradients overflowed; the scale was backed off
   std::string skip_reason;       // why the step was skipped (empty when applied)
+  std::vector<std::pair<std::string, double>> metrics;  // the objective's own (preference rewards), logged too
 };
 
 // Accumulates the gradients of all micro-batches (each loss scaled by loss_scale / total trainable tokens),
@@ -56,5 +57,10 @@ struct StepResult {
 // one trainable target in total.
 StepResult train_step(const models::Decoder& model, Optimizer& optimizer, LossScaler& scaler,
                       const std::vector<Batch>& micro_batches, const StepOptions& options);
+
+// The end of every objective's step, once its gradients are accumulated (scaled by loss_scale) and r.loss is
+// known finite: gradient norm, fp16 overflow and non-finite checks, clipping and the update. Zeroes gradients.
+void finish_step(StepResult& r, Optimizer& optimizer, LossScaler& scaler, const StepOptions& options,
+                 double loss_scale);
 
 }  // namespace lmtune

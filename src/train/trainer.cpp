@@ -9,7 +9,6 @@
 
 #include "core/backend.h"
 #include "core/error.h"
-#include "infer/evaluate.h"
 #include "io/hf_config.h"
 #include "io/peft_adapter.h"
 #include "models/adapters.h"
@@ -18,8 +17,8 @@
 #include "train/checkpoint.h"
 #include "train/metrics.h"
 #include "train/model_setup.h"
+#include "train/objective.h"
 #include "train/schedule.h"
-#include "train/train_data.h"
 #include "train/train_step.h"
 
 namespace lmtune {
@@ -60,6 +59,7 @@ void check_resume_compatible(const Recipe& now, const std::string& saved_yaml, c
   const Key keys[] = {
       {"model", was.model, now.model},
       {"finetune", to_string(was.finetune), to_string(now.finetune)},
+      {"objective", to_string(was.objective), to_string(now.objective)},
       {"precision", to_string(was.precision), to_string(now.precision)},
       {"quantize", quantize_name(was.quantize), quantize_name(now.quantize)},
       {"data.train", was.data.train, now.data.train},
@@ -137,13 +137,11 @@ TrainSummary train(const Recipe& r, const TrainOptions& options) {
 
   Tokenizer tokenizer = Tokenizer::load(r.model);
   check_recipe_fits(r, tokenizer, device);
-  TrainData data = load_train_data(r, tokenizer);
-  if (resume_from && meta.dataset_hash != data.hash)
+  std::unique_ptr<StepSource> source = make_step_source(r, tokenizer);
+  if (resume_from && meta.dataset_hash != source->data_hash())
     throw ConfigError("resume: the training data differs from the data " + resume_from->string() +
-                      " was trained on (dataset hash " + data.hash + " vs " + meta.dataset_hash +
+                      " was trained on (dataset hash " + source->data_hash() + " vs " + meta.dataset_hash +
                       "); resuming needs the same files, tokenizer and data settings");
-  spdlog::info("data: {} training samples ({} tokens, {} trainable), {} validation samples", data.train.stats.samples,
-               data.train.stats.tokens, data.train.stats.trainable_tokens, data.valid.samples.size());
 
   TrainableModel tm = build_trainable_model(r, device);
   const ModelConfig& config = tm.decoder->config();
@@ -162,46 +160,40 @@ TrainSummary train(const Recipe& r, const TrainOptions& options) {
     pr = loaded;
     spdlog::info("resumed from {} at step {}", resume_from->string(), pr.step);
   }
-  Batcher batcher(data.train, r.train.batch_size, r.data.max_seq_len, r.data.packing, r.train.seed);
-  batcher.set_cursor(pr.cursor);
+  source->set_cursor(pr.cursor);
   MetricsLog metrics(save_dir, resume_from ? pr.step : -1);
-  const CheckpointMeta out_meta{r.resolved_yaml, data.hash};
+  const CheckpointMeta out_meta{r.resolved_yaml, source->data_hash()};
 
   Backend& be = backend(device);
   TrainSummary sum;
   sum.base_valid_loss = sum.final_valid_loss = std::nan("");
   auto validate = [&](int64_t step) {
     auto t0 = Clock::now();
-    // The same function as `lmtune eval`, so the two report the same loss.
-    infer::LossResult e = infer::evaluate_loss(*tm.decoder, data.valid, r.train.batch_size, r.data.max_seq_len,
-                                               r.data.packing, r.eval.batches);
-    double loss = e.tokens > 0 ? e.loss : std::nan("");
-    metrics.log("valid", step, {{"loss", loss}, {"tokens", double(e.tokens)}});
-    spdlog::info("valid step {}/{} | loss {:.4f} | {} tokens in {} batches | {:.1f} s", step, r.train.steps, loss,
-                 e.tokens, e.batches, seconds_since(t0));
-    return loss;
+    std::string summary;
+    const MetricValues values = source->validate(*tm.decoder, summary);
+    metrics.log("valid", step, values);
+    spdlog::info("valid step {}/{} | {} | {:.1f} s", step, r.train.steps, summary, seconds_since(t0));
+    return values.front().second;
   };
-  if (pr.step == 0 && data.has_valid() && r.eval.every > 0) sum.base_valid_loss = validate(0);
+  if (pr.step == 0 && source->has_valid() && r.eval.every > 0) sum.base_valid_loss = validate(0);
 
   const auto session_start = Clock::now();
   auto last_line = Clock::time_point{};
   int64_t session_tokens = 0;
   for (int64_t s = pr.step; s < r.train.steps; ++s) {
     test_crash_point("step-start", s + 1);
-    const Batcher::Cursor step_cursor = batcher.cursor();
-    std::vector<Batch> micro;
-    for (int i = 0; i < r.train.grad_accum; ++i) micro.push_back(batcher.next());
+    const Batcher::Cursor step_cursor = source->cursor();
     StepOptions so = step_options(r, s, learning_rate(r.schedule, r.optimizer.lr, int(s), r.train.steps));
     so.unchecked_layers = tm.unchecked_layers;
     be.reset_peak();
     const auto t0 = Clock::now();
-    StepResult res = train_step(*tm.decoder, optimizer, pr.scaler, micro, so);
+    StepResult res = source->step(*tm.decoder, optimizer, pr.scaler, so);
     const double dt = seconds_since(t0);
     const size_t peak = be.peak_bytes();
     sum.peak_bytes = std::max(sum.peak_bytes, peak);
 
     pr.step = s + 1;
-    pr.cursor = batcher.cursor();
+    pr.cursor = source->cursor();
     pr.tokens_seen += res.tokens;
     session_tokens += res.tokens;
     if (res.applied) {
@@ -227,10 +219,11 @@ TrainSummary train(const Recipe& r, const TrainOptions& options) {
                     " of the epoch's order. Lower optimizer.lr, check the data, or use precision=bf16/fp32");
     }
     const double tps = double(res.tokens) / std::max(dt, 1e-9);
-    metrics.log("train", pr.step,
-                {{"loss", res.loss}, {"lr", so.lr}, {"grad_norm", res.grad_norm}, {"tokens_per_s", tps},
-                 {"peak_mib", double(peak) / double(1 << 20)}, {"loss_scale", pr.scaler.scale},
-                 {"trainable_tokens", double(res.trainable_tokens)}, {"skipped", res.applied ? 0.0 : 1.0}});
+    MetricValues row{{"loss", res.loss}, {"lr", so.lr}, {"grad_norm", res.grad_norm}, {"tokens_per_s", tps},
+                     {"peak_mib", double(peak) / double(1 << 20)}, {"loss_scale", pr.scaler.scale},
+                     {"trainable_tokens", double(res.trainable_tokens)}, {"skipped", res.applied ? 0.0 : 1.0}};
+    row.insert(row.end(), res.metrics.begin(), res.metrics.end());
+    metrics.log("train", pr.step, row);
     sum.final_train_loss = res.loss;
 
     const double session_s = seconds_since(session_start);
@@ -241,13 +234,17 @@ TrainSummary train(const Recipe& r, const TrainOptions& options) {
     if (due || last || s == 0) {
       last_line = Clock::now();
       const double avg = session_s / double(sum.steps_this_session);
-      spdlog::info("step {}/{} | loss {:.4f} | lr {:.2e} | grad {:.3f} | {:.0f} tok/s | peak {} | eta {}{}", pr.step,
-                   r.train.steps, res.loss, so.lr, res.grad_norm, double(session_tokens) / std::max(session_s, 1e-9),
-                   mib(peak), hms(avg * double(r.train.steps - pr.step)),
+      std::string extra;  // the objective's own metrics (preference: reward margin and accuracy)
+      for (const auto& [name, value] : res.metrics)
+        if (name == "reward_margin" || name == "accuracy") extra += fmt::format(" | {} {:.3f}", name, value);
+      spdlog::info("step {}/{} | loss {:.4f}{} | lr {:.2e} | grad {:.3f} | {:.0f} tok/s | peak {} | eta {}{}",
+                   pr.step, r.train.steps, res.loss, extra, so.lr, res.grad_norm,
+                   double(session_tokens) / std::max(session_s, 1e-9), mib(peak),
+                   hms(avg * double(r.train.steps - pr.step)),
                    pr.scaler.enabled ? " | scale " + std::to_string(int64_t(pr.scaler.scale)) : std::string());
     }
 
-    if (data.has_valid() && r.eval.every > 0 && (pr.step % r.eval.every == 0 || last))
+    if (source->has_valid() && r.eval.every > 0 && (pr.step % r.eval.every == 0 || last))
       sum.final_valid_loss = validate(pr.step);
     if ((r.save.every > 0 && pr.step % r.save.every == 0) || last) {
       TrainProgress snapshot = pr;

@@ -249,6 +249,23 @@ TEST(Batcher, UnpackedRowsHoldOneSampleAndResumeFromCursor) {
   EXPECT_EQ(docs.size(), 1u);
 }
 
+// An answer whose words also occur in the question (the options listed) is masked in its own turn only.
+TEST(Dataset, ChatAnswerQuotedInTheQuestionIsMaskedInItsTurn) {
+  TempDir d;
+  auto f = d.write("q.jsonl", R"({"messages": [{"role": "user", "content": "Is it positive or negative?"},)"
+                              R"( {"role": "assistant", "content": "negative"}]})" "\n");
+  const Dataset ds = load_dataset(f, qwen(), {});
+  const Sample& s = ds.samples.at(0);
+  std::vector<int32_t> trained_ids;
+  for (size_t i = 0; i < s.ids.size(); ++i)
+    if (s.trainable[i]) trained_ids.push_back(s.ids[i]);
+  const std::string trained = qwen().decode(trained_ids);
+  EXPECT_EQ(trained.find("or"), std::string::npos) << trained;
+  EXPECT_EQ(trained.find("negative"), trained.rfind("negative")) << trained;
+  EXPECT_NE(trained.find("negative"), std::string::npos) << trained;
+  EXPECT_NE(trained.find("<|im_end|>"), std::string::npos) << trained;
+}
+
 TEST(Dataset, ChatFormatTrainsOnAssistantTurnsOnly) {
   TempDir d;
   auto f = d.write("chat.jsonl",

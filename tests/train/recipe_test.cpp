@@ -128,3 +128,23 @@ TEST(Recipe, ShippedRecipesParse) {
   }
   EXPECT_GE(n, 5);
 }
+
+TEST(Recipe, PreferenceObjectiveKeys) {
+  Recipe sft = parse_recipe(kMinimal, "r.yaml");
+  EXPECT_EQ(sft.objective, Objective::sft);
+  Recipe r = parse_recipe(std::string(kMinimal) + "objective: simpo\npreference: {beta: 2.5, gamma: 1.0}\n", "r.yaml",
+                          {"preference.label_smoothing=0.1"});
+  EXPECT_EQ(r.objective, Objective::simpo);
+  EXPECT_DOUBLE_EQ(r.preference.beta, 2.5);
+  EXPECT_DOUBLE_EQ(r.preference.gamma, 1.0);
+  EXPECT_DOUBLE_EQ(r.preference.label_smoothing, 0.1);
+  EXPECT_NE(error_of(kMinimal, {"objective=ppo"}).find("'ppo' is not one of sft, dpo, orpo, simpo"),
+            std::string::npos);
+  EXPECT_NE(error_of(std::string(kMinimal) + "objective: dpo\nfinetune: full\n")
+                .find("key 'objective': dpo needs finetune: lora"),
+            std::string::npos);
+  EXPECT_EQ(error_of(kMinimal, {"objective=orpo", "finetune=full"}), "");
+  EXPECT_NE(error_of(kMinimal, {"preference.beta=0"}).find("key 'preference.beta'"), std::string::npos);
+  EXPECT_NE(error_of(kMinimal, {"preference.label_smoothing=0.5"}).find("key 'preference.label_smoothing'"),
+            std::string::npos);
+}
