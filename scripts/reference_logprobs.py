@@ -5,8 +5,8 @@ logprobs): tests/infer/fixtures/logprobs/.
 Run with Debian's PyTorch:  /usr/bin/python3 scripts/reference_logprobs.py
 
 Takes the Llama fixture model of scripts/reference_models.py (tests/models/fixtures/llama) and gives it a
-character-level tokenizer written here (tokenizer.json: a BPE model without merges, one token per printable ASCII
-character, <s> prepended by the post-processor), so that the reference tokenizes text by a dictionary lookup.
+character-level tokenizer written here (tokenizer.json: a BPE model without merges, one token per character
+(printable ASCII and 30 Latin-1 letters), <s> prepended by the post-processor), so that the reference tokenizes text by a dictionary lookup.
 For each prompt/completion pair of records.jsonl it computes, with the reference model of reference_models.py
 (float64), the log-softmax log-probability of every completion token given <s> + prompt + the completion tokens
 before it, and the top 5 alternatives of each; the same with the LoRA adapter of tests/train/fixtures/sgd_step
@@ -26,7 +26,9 @@ import reference_models as rm  # noqa: E402
 from reference_sgd_step import read_safetensors  # noqa: E402
 
 torch.set_default_dtype(torch.float64)
-CHARS = [chr(c) for c in range(32, 127)]  # ids 3.. (0 <unk>, 1 <s>, 2 </s>)
+# ids 3.. (0 <unk>, 1 <s>, 2 </s>): printable ASCII, then Latin-1 letters up to the model's vocabulary of 128, so
+# that every id the model can rank has a text of its own (two-byte UTF-8 characters).
+CHARS = [chr(c) for c in range(32, 127)] + [chr(0xA1 + i) for i in range(rm.V - 98)]
 VOCAB = {"<unk>": 0, "<s>": 1, "</s>": 2, **{c: 3 + i for i, c in enumerate(CHARS)}}
 TOP = 5
 # A chat template in the vocabulary's characters (no newline), for the server's chat log-probs.

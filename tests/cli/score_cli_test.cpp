@@ -17,7 +17,7 @@ namespace {
 using nlohmann::json;
 using namespace infer::test;
 
-struct Run {
+struct ChildRun {
   int exit_code = -1;
   std::vector<json> objects;  // stdout lines that are JSON objects
   std::string out, err;
@@ -25,10 +25,10 @@ struct Run {
 
 std::string quote(const std::string& s) { return "'" + s + "'"; }
 
-Run lmtune(const std::string& args) {
+ChildRun lmtune(const std::string& args) {
   TempDir dir;
   const std::string cmd = quote(LMTUNE_EXE) + " " + args + " 2>" + quote((dir.path / "err").string());
-  Run r;
+  ChildRun r;
   FILE* p = ::popen(cmd.c_str(), "r");
   if (!p) return r;
   char buf[4096];
@@ -50,7 +50,7 @@ std::string model_args() { return "--model " + quote(logprobs_model_dir().string
 
 bool have_vulkan() { return !vk::list_devices().empty(); }
 
-void expect_completion_scores(const Run& r, const std::string& which) {
+void expect_completion_scores(const ChildRun& r, const std::string& which) {
   ASSERT_EQ(r.exit_code, 0) << r.err;
   const size_t records = logprobs_expected()[which].size();
   ASSERT_EQ(r.objects.size(), records + 1) << r.out;
@@ -80,7 +80,7 @@ TEST(ScoreCli, CompletionsEqualReference) {
                                   quote(logprobs_adapter().string())),
                            "lora");
   // The table names every record and the total.
-  Run table = lmtune("score " + model_args() + data + " --device cpu");
+  ChildRun table = lmtune("score " + model_args() + data + " --device cpu");
   ASSERT_EQ(table.exit_code, 0) << table.err;
   EXPECT_NE(table.out.find("total: 4 records"), std::string::npos) << table.out;
 }
@@ -96,7 +96,7 @@ TEST(ScoreCli, CompletionsEqualReferenceOnVulkan) {
 
 TEST(ScoreCli, ChoicesAccuracy) {
   const std::string data = " --data " + quote(logprobs_fixture("choices.jsonl").string());
-  Run r = lmtune("score --choices --json --device cpu " + model_args() + data);
+  ChildRun r = lmtune("score --choices --json --device cpu " + model_args() + data);
   ASSERT_EQ(r.exit_code, 0) << r.err;
   const json& want = logprobs_expected()["choices"];
   ASSERT_EQ(r.objects.size(), want.size() + 1) << r.out;
@@ -115,7 +115,7 @@ TEST(ScoreCli, ChoicesAccuracy) {
   EXPECT_DOUBLE_EQ(s["acc_norm"].get<double>(), norm_right / 4.0);
 
   // eval reports the same accuracy for such data, for the base model and the adapter.
-  Run e = lmtune("eval --json --device cpu " + model_args() + data + " --adapter " + quote(logprobs_adapter().string()));
+  ChildRun e = lmtune("eval --json --device cpu " + model_args() + data + " --adapter " + quote(logprobs_adapter().string()));
   ASSERT_EQ(e.exit_code, 0) << e.err;
   ASSERT_EQ(e.objects.size(), 2u) << e.out;
   EXPECT_EQ(e.objects[0]["name"], "base");
@@ -128,7 +128,7 @@ TEST(ScoreCli, ChoicesAccuracy) {
 TEST(ScoreCli, BadRecordsFailWithFileAndLine) {
   TempDir dir;
   fs::path bad = dir.write("bad.jsonl", "{\"prompt\": \"a\", \"completion\": \"b\"}\n{\"prompt\": 3}\n");
-  Run r = lmtune("score --device cpu " + model_args() + " --data " + quote(bad.string()));
+  ChildRun r = lmtune("score --device cpu " + model_args() + " --data " + quote(bad.string()));
   EXPECT_NE(r.exit_code, 0);
   EXPECT_NE(r.err.find("bad.jsonl:2: expected a string \"prompt\""), std::string::npos) << r.err;
   fs::path mc = dir.write("mc.jsonl", "{\"prompt\": \"a\", \"choices\": [\"b\", \"c\"], \"answer\": 5}\n");
