@@ -6,13 +6,15 @@ Run with Debian's PyTorch:  /usr/bin/python3 scripts/reference_logprobs.py
 
 Takes the Llama fixture model of scripts/reference_models.py (tests/models/fixtures/llama) and gives it a
 character-level tokenizer written here (tokenizer.json: a BPE model without merges, one token per character
-(printable ASCII and 30 Latin-1 letters), <s> prepended by the post-processor), so that the reference tokenizes text by a dictionary lookup.
+(printable ASCII and 30 Latin-1 letters), <s> prepended by the post-processor), so that the reference tokenizes
+text by a dictionary lookup.
 For each prompt/completion pair of records.jsonl it computes, with the reference model of reference_models.py
 (float64), the log-softmax log-probability of every completion token given <s> + prompt + the completion tokens
 before it, and the top 5 alternatives of each; the same with the LoRA adapter of tests/train/fixtures/sgd_step
 (q_proj, v_proj; scale alpha / r). choices.jsonl is a multiple-choice set whose answers are set here to the
 choice the reference scores highest (by sum; a second answer key by sum per character for acc_norm).
-Writes tokenizer.json, tokenizer_config.json (with a chat template for the server's tests), records.jsonl, choices.jsonl and expected.json.
+Writes tokenizer.json, tokenizer_config.json (with a chat template for the server's tests), records.jsonl,
+choices.jsonl and expected.json.
 """
 import json
 import os
@@ -138,7 +140,8 @@ def main():
         json.dump(tokenizer_json(), f, indent=1)
         f.write("\n")
     with open(os.path.join(out, "tokenizer_config.json"), "w") as f:
-        json.dump({"bos_token": "<s>", "eos_token": "</s>", "add_bos_token": True, "chat_template": CHAT}, f, indent=2)
+        config = {"bos_token": "<s>", "eos_token": "</s>", "add_bos_token": True, "chat_template": CHAT}
+        json.dump(config, f, indent=2)
         f.write("\n")
     with open(os.path.join(out, "records.jsonl"), "w") as f:
         for prompt, completion in PAIRS:

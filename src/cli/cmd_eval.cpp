@@ -114,13 +114,15 @@ void run_eval(const std::string& device, const EvalArgs& a) {
 }  // namespace
 
 void add_eval_command(CLI::App& app, const std::string& device) {
-  auto* cmd = app.add_subcommand("eval", "Loss / perplexity (and generation metrics for prompt/completion data; "
-                                         "acc / acc_norm for multiple-choice data) of the base model and each adapter "
-                                         "on a JSONL file");
+  auto* cmd = app.add_subcommand("eval", "Loss / perplexity (and generation metrics for prompt/completion "
+                                         "data; acc / acc_norm for multiple-choice data) of the base model and "
+                                         "each adapter on a JSONL file");
   auto a = std::make_shared<EvalArgs>();
   add_model_options(*cmd, a->model);
   cmd->add_option("--data", a->data, "JSONL file (text, prompt/completion, messages, or multiple-choice "
-                                     "{\"prompt\", \"choices\", \"answer\"} records)")->required()->check(CLI::ExistingFile);
+                                     "{\"prompt\", \"choices\", \"answer\"} records)")
+      ->required()
+      ->check(CLI::ExistingFile);
   cmd->add_option("--format", a->format, "auto | text | completion | chat")->default_val("auto");
   cmd->add_option("--batch-size", a->batch_size, "sequences per forward pass")->default_val(4);
   cmd->add_option("--max-seq-len", a->max_seq_len, "longer samples are truncated, as in training")->default_val(1024);

@@ -115,7 +115,8 @@ TEST(ScoreCli, ChoicesAccuracy) {
   EXPECT_DOUBLE_EQ(s["acc_norm"].get<double>(), norm_right / 4.0);
 
   // eval reports the same accuracy for such data, for the base model and the adapter.
-  ChildRun e = lmtune("eval --json --device cpu " + model_args() + data + " --adapter " + quote(logprobs_adapter().string()));
+  ChildRun e = lmtune("eval --json --device cpu " + model_args() + data + " --adapter " +
+                      quote(logprobs_adapter().string()));
   ASSERT_EQ(e.exit_code, 0) << e.err;
   ASSERT_EQ(e.objects.size(), 2u) << e.out;
   EXPECT_EQ(e.objects[0]["name"], "base");
