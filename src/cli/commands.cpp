@@ -14,6 +14,7 @@ void add_commands(CLI::App& app, const std::string& device) {
   add_generate_command(app, device);
   add_chat_command(app, device);
   add_eval_command(app, device);
+  add_score_command(app, device);
   add_export_command(app, device);
   add_serve_command(app, device);
 }

@@ -37,6 +37,8 @@ void add_train_command(CLI::App& app, const std::string& device);
 void add_generate_command(CLI::App& app, const std::string& device);
 void add_chat_command(CLI::App& app, const std::string& device);
 void add_eval_command(CLI::App& app, const std::string& device);
+// `lmtune score` (cli/cmd_score.cpp; the work is in infer/score.h).
+void add_score_command(CLI::App& app, const std::string& device);
 void add_export_command(CLI::App& app, const std::string& device);
 // `lmtune serve` (cli/cmd_serve.cpp; the work is in src/serve/).
 void add_serve_command(CLI::App& app, const std::string& device);

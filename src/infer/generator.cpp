@@ -51,6 +51,12 @@ const std::string& Sequence::text() const {
   return stream_ ? stream_->text() : none;
 }
 
+std::vector<TokenScore> Sequence::take_logprobs() {
+  std::vector<TokenScore> out(logprobs_.begin() + std::ptrdiff_t(logprobs_read_), logprobs_.end());
+  logprobs_read_ = logprobs_.size();
+  return out;
+}
+
 std::string Sequence::take_text() {
   std::string out;
   out.swap(unread_);
@@ -153,16 +159,17 @@ DecodeInputs decode_inputs(const std::vector<Sequence*>& rows) {
 
 void sample_rows(const Tensor& logits, const std::vector<Sequence*>& rows) {
   const int64_t B = logits.dim(0), V = logits.dim(1);
-  bool full = false;
+  bool full = false, want_logprobs = false;
   int k = 1;
   for (const Sequence* s : rows) {
     if (s->finished()) continue;
     full |= s->sampling().needs_full_row();
+    want_logprobs |= s->logprobs_top_ >= 0;
     if (!s->sampling().greedy()) k = std::max(k, s->sampling().top_k);
   }
+  std::vector<int32_t> chosen(size_t(B), -1);  // -1: finished row
   if (!full && k == 1) {
-    std::vector<int32_t> ids = ops::argmax(logits, -1).to_ints();  // B ints cross to the host
-    for (int64_t b = 0; b < B; ++b) rows[size_t(b)]->accept(ids[size_t(b)]);
+    chosen = ops::argmax(logits, -1).to_ints();  // B ints cross to the host
   } else if (!full) {
     k = int(std::min<int64_t>(k, V));
     auto [values, indices] = ops::topk(logits, k);  // B * k candidates cross to the host
@@ -174,7 +181,7 @@ void sample_rows(const Tensor& logits, const std::vector<Sequence*>& rows) {
       int kb = s->sampling().greedy() ? 1 : std::min(s->sampling().top_k, k);
       auto vb = v.begin() + b * k;
       auto ib = ids.begin() + b * k;
-      s->accept(s->sampler_.sample_candidates({vb, vb + kb}, {ib, ib + kb}));
+      chosen[size_t(b)] = s->sampler_.sample_candidates({vb, vb + kb}, {ib, ib + kb});
     }
   } else {
     std::vector<float> all = logits.to_floats();
@@ -182,8 +189,23 @@ void sample_rows(const Tensor& logits, const std::vector<Sequence*>& rows) {
       Sequence* s = rows[size_t(b)];
       if (s->finished()) continue;
       auto row = all.begin() + b * V;
-      s->accept(s->sampler_.sample({row, row + V}, s->sampling().repetition_penalty != 1 ? s->history()
-                                                                                         : std::vector<int32_t>{}));
+      chosen[size_t(b)] = s->sampler_.sample({row, row + V}, s->sampling().repetition_penalty != 1
+                                                                 ? s->history()
+                                                                 : std::vector<int32_t>{});
+    }
+  }
+  // Log-probs of the raw distribution (not the sampled one): the whole [B, V] log-softmax crosses to the host.
+  std::vector<float> lp;
+  if (want_logprobs) lp = ops::log_softmax(logits, -1).to_floats();
+  for (int64_t b = 0; b < B; ++b) {
+    Sequence* s = rows[size_t(b)];
+    const int32_t id = chosen[size_t(b)];
+    if (s->finished() || id < 0) continue;
+    const size_t before = s->generated_.size();
+    s->accept(id);
+    if (s->logprobs_top_ >= 0 && s->generated_.size() > before) {
+      const float* row = lp.data() + b * V;
+      s->logprobs_.push_back({id, row[id], top_logprobs(row, V, s->logprobs_top_)});
     }
   }
 }

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "infer/sampler.h"
+#include "infer/score.h"
 #include "infer/text_stream.h"
 #include "models/decoder.h"
 #include "tokenizer/tokenizer.h"
@@ -39,7 +40,8 @@ const char* finish_reason_name(FinishReason reason);
 class Sequence;
 // Samples one token for every unfinished row from logits [B, V] (row b belongs to rows[b]) and feeds it to the
 // sequence: greedy and top-k sampling (without a repetition penalty) read back only the arg-max or the top-k
-// candidates per row; other samplers read back the rows. Shared by Session and the serving engine
+// candidates per row; other samplers read back the rows. When a row wants log-probs, the log-softmax of every
+// row is read back too and each sequence records its token's entry. Shared by Session and the serving engine
 // (infer/batch_engine.h).
 void sample_rows(const Tensor& logits, const std::vector<Sequence*>& rows);
 
@@ -75,6 +77,12 @@ class Sequence {
   bool finished() const { return finish_ != FinishReason::running; }
   FinishReason finish_reason() const { return finish_; }
   const SamplingParams& sampling() const { return sampler_.params(); }
+  // Log-probs of each generated token (and its top_n alternatives) from the raw logits, before the sampling
+  // transforms (temperature 1, no filters or penalty: what OpenAI's API reports). -1 = off (the default).
+  void set_logprobs(int top_n) { logprobs_top_ = top_n; }
+  int logprobs_top() const { return logprobs_top_; }
+  const std::vector<TokenScore>& logprobs() const { return logprobs_; }  // one per generated() id
+  std::vector<TokenScore> take_logprobs();  // the entries since the last call (streaming)
 
  private:
   friend class Session;
@@ -91,6 +99,9 @@ class Sequence {
   StopParams stop_;
   std::optional<TextStream> stream_;
   std::string unread_;
+  int logprobs_top_ = -1;
+  std::vector<TokenScore> logprobs_;
+  size_t logprobs_read_ = 0;
   FinishReason finish_ = FinishReason::running;
   int64_t position_ = 0;  // position of the next token fed to the model
   int32_t last_ = 0;      // the token to feed next

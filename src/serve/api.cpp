@@ -184,6 +184,29 @@ std::vector<int32_t> chat_prompt(const json& body, const ChatTemplate* tmpl) {
   }
 }
 
+// completions: "logprobs" is null or an integer in [0, max_logprobs] (OpenAI's legacy API).
+int completion_logprobs(const json& body, const ApiLimits& limits) {
+  const json* lp = field(body, "logprobs");
+  if (!lp) return -1;
+  if (lp->is_boolean() || !lp->is_number_integer() || lp->get<int64_t>() < 0 ||
+      lp->get<int64_t>() > limits.max_logprobs)
+    throw ApiError(400, "'logprobs' must be an integer between 0 and " + std::to_string(limits.max_logprobs),
+                   "logprobs");
+  return int(lp->get<int64_t>());
+}
+
+// chat: "logprobs" is a boolean; "top_logprobs" an integer in [0, max_top_logprobs] that needs logprobs: true.
+int chat_logprobs(const json& body, const ApiLimits& limits) {
+  const bool on = boolean(body, "logprobs", false);
+  const json* top = field(body, "top_logprobs");
+  if (!top) return on ? 0 : -1;
+  if (!top->is_number_integer() || top->get<int64_t>() < 0 || top->get<int64_t>() > limits.max_top_logprobs)
+    throw ApiError(400, "'top_logprobs' must be an integer between 0 and " + std::to_string(limits.max_top_logprobs),
+                   "top_logprobs");
+  if (!on) throw ApiError(400, "'top_logprobs' needs 'logprobs': true", "top_logprobs");
+  return int(top->get<int64_t>());
+}
+
 }  // namespace
 
 GenerationRequest parse_request(const json& body, bool chat, const ModelNames& names, const Tokenizer& tok,
@@ -213,8 +236,10 @@ GenerationRequest parse_request(const json& body, bool chat, const ModelNames& n
   for (const char* unsupported : {"presence_penalty", "frequency_penalty"})
     if (number(body, unsupported, 0.0) != 0.0)
       throw ApiError(400, std::string("'") + unsupported + "' is not supported (use repetition_penalty)", unsupported);
-  if (const json* lp = field(body, "logprobs"); lp && !(lp->is_boolean() && !lp->get<bool>()))
-    throw ApiError(400, "'logprobs' is not supported", "logprobs");
+  r.logprobs = chat ? chat_logprobs(body, limits) : completion_logprobs(body, limits);
+  if (!chat) r.echo = boolean(body, "echo", false);
+  if (r.echo && boolean(body, "stream", false))
+    throw ApiError(400, "'echo' is not supported with 'stream' on this server", "echo");
   if (const json* seed = field(body, "seed")) {
     if (!seed->is_number_integer()) throw ApiError(400, "'seed' must be an integer", "seed");
     r.sampling.seed = seed->is_number_unsigned() ? seed->get<uint64_t>() : uint64_t(seed->get<int64_t>());
@@ -262,10 +287,14 @@ GenerationRequest parse_request(const json& body, bool chat, const ModelNames& n
 
   const char* mt_name = chat && field(body, "max_completion_tokens") ? "max_completion_tokens" : "max_tokens";
   int64_t max_tokens = integer(body, mt_name, limits.default_max_tokens);
-  if (max_tokens < 1) throw ApiError(400, std::string("'") + mt_name + "' must be at least 1", mt_name);
+  // max_tokens 0 with echo scores the prompt alone (OpenAI's legacy prompt log-probs).
+  if (max_tokens < (r.echo ? 0 : 1))
+    throw ApiError(400, std::string("'") + mt_name + "' must be at least " + (r.echo ? "0" : "1 (0 only with echo)"),
+                   mt_name);
   // Clamped to what the context has left after the prompt.
   r.stop.max_tokens = int(std::min<int64_t>(max_tokens, limits.context - int64_t(r.prompt.size())));
 
+  if (r.echo || r.logprobs >= 0) r.prompt_text = tok.decode(r.prompt);
   r.stop.stop_ids = tok.eos_ids();
   if (chat && tmpl)
     for (int32_t id : tmpl->stop_ids())
@@ -300,6 +329,11 @@ json response_json(const GenerationRequest& req, const std::string& id, int64_t 
   int64_t completion = 0;
   for (size_t i = 0; i < choices.size(); ++i) {
     json c{{"index", i}, {"logprobs", nullptr}, {"finish_reason", choices[i].finish_reason}};
+    if (req.logprobs >= 0) {
+      int64_t offset = req.echo ? 0 : int64_t(req.prompt_text.size());
+      c["logprobs"] = req.chat ? chat_logprobs_json(choices[i].logprobs)
+                               : completion_logprobs_json(choices[i].logprobs, offset);
+    }
     if (req.chat)
       c["message"] = {{"role", "assistant"}, {"content", choices[i].text}};
     else
@@ -313,9 +347,15 @@ json response_json(const GenerationRequest& req, const std::string& id, int64_t 
 }
 
 json chunk_json(const GenerationRequest& req, const std::string& id, int64_t created, int index,
-                const std::string& text, const std::string& finish_reason, bool first) {
+                const std::string& text, const std::string& finish_reason, bool first,
+                const std::vector<TokenLogprob>& logprobs, int64_t* offset) {
   json c{{"index", index}, {"logprobs", nullptr},
          {"finish_reason", finish_reason.empty() ? json(nullptr) : json(finish_reason)}};
+  if (req.logprobs >= 0 && !logprobs.empty()) {
+    int64_t local = 0;
+    c["logprobs"] = req.chat ? chat_logprobs_json(logprobs)
+                             : completion_logprobs_json(logprobs, offset ? *offset : local);
+  }
   if (req.chat) {
     json delta = json::object();
     if (first) delta["role"] = "assistant";
@@ -339,6 +379,63 @@ json usage_chunk_json(const GenerationRequest& req, const std::string& id, int64
               {"model", req.model},
               {"choices", json::array()},
               {"usage", usage_json(prompt_tokens, completion_tokens)}};
+}
+
+}  // namespace lmtune::serve
+
+namespace lmtune::serve {
+
+std::vector<TokenLogprob> wire_logprobs(const Tokenizer& tok, const std::vector<infer::TokenScore>& scores) {
+  std::vector<TokenLogprob> out;
+  out.reserve(scores.size());
+  for (const infer::TokenScore& t : scores) {
+    TokenLogprob w{tok.decode({t.id}), t.logprob, {}};
+    for (const infer::TopLogprob& alt : t.top) w.top.emplace_back(tok.decode({alt.id}), alt.logprob);
+    out.push_back(std::move(w));
+  }
+  return out;
+}
+
+json completion_logprobs_json(const std::vector<TokenLogprob>& tokens, int64_t& offset) {
+  json toks = json::array(), lps = json::array(), tops = json::array(), offsets = json::array();
+  for (const TokenLogprob& t : tokens) {
+    toks.push_back(t.token);
+    lps.push_back(t.logprob ? json(*t.logprob) : json(nullptr));
+    if (!t.logprob) {
+      tops.push_back(nullptr);
+    } else {
+      // A dict, as OpenAI's: alternatives that decode to the same text keep the most likely one.
+      json top = json::object();
+      for (const auto& [text, lp] : t.top)
+        if (!top.contains(text)) top[text] = lp;
+      tops.push_back(std::move(top));
+    }
+    offsets.push_back(offset);
+    offset += int64_t(t.token.size());
+  }
+  return {{"tokens", toks}, {"token_logprobs", lps}, {"top_logprobs", tops}, {"text_offset", offsets}};
+}
+
+namespace {
+json utf8_bytes(const std::string& s) {
+  json b = json::array();
+  for (unsigned char c : s) b.push_back(int(c));
+  return b;
+}
+}  // namespace
+
+json chat_logprobs_json(const std::vector<TokenLogprob>& tokens) {
+  json content = json::array();
+  for (const TokenLogprob& t : tokens) {
+    json top = json::array();
+    for (const auto& [text, lp] : t.top)
+      top.push_back({{"token", text}, {"logprob", lp}, {"bytes", utf8_bytes(text)}});
+    content.push_back({{"token", t.token},
+                       {"logprob", t.logprob ? json(*t.logprob) : json(nullptr)},
+                       {"bytes", utf8_bytes(t.token)},
+                       {"top_logprobs", std::move(top)}});
+  }
+  return {{"content", std::move(content)}, {"refusal", nullptr}};
 }
 
 }  // namespace lmtune::serve

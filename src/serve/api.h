@@ -4,8 +4,10 @@
 #pragma once
 #include <cstdint>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "infer/generator.h"
@@ -33,6 +35,8 @@ struct ApiLimits {
   int64_t context = 4096;      // prompt + generated tokens at most (max_tokens is clamped to fit)
   int default_max_tokens = 256;  // when the request gives none (OpenAI's legacy completions default to 16)
   size_t max_stop = 8;         // stop strings per request
+  int max_logprobs = 5;        // /v1/completions' integer "logprobs" (OpenAI's limit)
+  int max_top_logprobs = 20;   // /v1/chat/completions' "top_logprobs" (OpenAI's limit)
 };
 
 // Parses a request body; malformed JSON, a non-object or nesting deeper than max_depth -> ApiError 400.
@@ -58,7 +62,25 @@ struct GenerationRequest {
   int n = 1;
   bool stream = false;
   bool include_usage = false;  // stream_options.include_usage: a final chunk with usage
+  // Log-probs: -1 off, else the alternatives per token (completions: "logprobs": N; chat: "logprobs": true with
+  // "top_logprobs": N, default 0).
+  int logprobs = -1;
+  bool echo = false;         // completions: the prompt is part of the text (and of the log-probs)
+  std::string prompt_text;   // decode(prompt), when echo or log-probs need it
 };
+
+// One token of a response as the wire shows it.
+struct TokenLogprob {
+  std::string token;              // its text: Tokenizer::decode of the id alone
+  std::optional<float> logprob;   // null for the first prompt token (echo): nothing predicts it
+  std::vector<std::pair<std::string, float>> top;  // the alternatives, most likely first
+};
+std::vector<TokenLogprob> wire_logprobs(const Tokenizer& tokenizer, const std::vector<infer::TokenScore>& scores);
+// completions: {"tokens", "token_logprobs", "top_logprobs", "text_offset"}; text_offset counts bytes from
+// `offset` on (advanced past these tokens).
+nlohmann::json completion_logprobs_json(const std::vector<TokenLogprob>& tokens, int64_t& offset);
+// chat: {"content": [{"token", "logprob", "bytes", "top_logprobs": [{"token", "logprob", "bytes"}]}], "refusal"}.
+nlohmann::json chat_logprobs_json(const std::vector<TokenLogprob>& tokens);
 
 // `chat_template` may be null (the model has none: /v1/chat/completions then answers 400).
 GenerationRequest parse_request(const nlohmann::json& body, bool chat, const ModelNames& names,
@@ -73,6 +95,7 @@ struct ChoiceResult {
   std::string text;
   std::string finish_reason;
   int64_t completion_tokens = 0;
+  std::vector<TokenLogprob> logprobs;  // when requested: the prompt's (echo), then each generated token's
 };
 
 nlohmann::json usage_json(int64_t prompt_tokens, int64_t completion_tokens);
@@ -81,8 +104,10 @@ nlohmann::json response_json(const GenerationRequest& req, const std::string& id
                              const std::vector<ChoiceResult>& choices);
 // One streaming chunk for choice `index`: text (or the chat delta: role on the first chunk, then content) and an
 // optional finish reason ("" = null).
+// With log-probs requested, `logprobs` are this chunk's tokens; `offset` is the choice's running text_offset.
 nlohmann::json chunk_json(const GenerationRequest& req, const std::string& id, int64_t created, int index,
-                          const std::string& text, const std::string& finish_reason, bool first);
+                          const std::string& text, const std::string& finish_reason, bool first,
+                          const std::vector<TokenLogprob>& logprobs = {}, int64_t* offset = nullptr);
 // The final usage chunk (stream_options.include_usage): no choices, usage set.
 nlohmann::json usage_chunk_json(const GenerationRequest& req, const std::string& id, int64_t created,
                                 int64_t prompt_tokens, int64_t completion_tokens);

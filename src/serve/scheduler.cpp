@@ -10,15 +10,27 @@ namespace lmtune::serve {
 // ---------------------------------------------------------------------------------------------------------------
 // Job
 
-Job::Job(GenerationRequest request, const Tokenizer& tokenizer) : request_(std::move(request)) {
+Job::Job(GenerationRequest request, const Tokenizer& tokenizer)
+    : request_(std::move(request)), tokenizer_(tokenizer) {
   seqs_.reserve(size_t(request_.n));
   for (int i = 0; i < request_.n; ++i) {
     infer::SamplingParams p = request_.sampling;
     p.seed += uint64_t(i);  // n seeded choices differ from each other but are each reproducible
     seqs_.emplace_back(request_.prompt, p, request_.stop, &tokenizer);
+    seqs_.back().set_logprobs(request_.logprobs);
   }
   reported_.assign(seqs_.size(), false);
   results_.resize(seqs_.size());
+  if (request_.echo)
+    for (ChoiceResult& r : results_) r.text = request_.prompt_text;
+}
+
+void Job::set_prompt_scores(const std::vector<infer::TokenScore>& scores) {
+  std::vector<TokenLogprob> prompt;
+  prompt.push_back(TokenLogprob{tokenizer_.decode({request_.prompt[0]}), std::nullopt, {}});
+  for (TokenLogprob& t : wire_logprobs(tokenizer_, scores)) prompt.push_back(std::move(t));
+  std::lock_guard<std::mutex> lock(mu_);
+  for (ChoiceResult& r : results_) r.logprobs = prompt;
 }
 
 bool Job::all_finished() const { return finished_ == int(seqs_.size()) || !error_.empty(); }
@@ -45,12 +57,13 @@ void Job::publish() {
   std::vector<Update> news;
   for (size_t i = 0; i < seqs_.size(); ++i) {
     infer::Sequence& s = seqs_[i];
-    Update u{int(i), s.take_text(), ""};
+    Update u{int(i), s.take_text(), "", {}};
+    if (request_.logprobs >= 0) u.logprobs = wire_logprobs(tokenizer_, s.take_logprobs());
     if (s.finished() && !reported_[i]) {
       u.finish_reason = openai_finish_reason(s.finish_reason());
       reported_[i] = true;
     }
-    if (!u.text.empty() || !u.finish_reason.empty()) news.push_back(std::move(u));
+    if (!u.text.empty() || !u.finish_reason.empty() || !u.logprobs.empty()) news.push_back(std::move(u));
   }
   if (news.empty()) return;
   {
@@ -58,6 +71,7 @@ void Job::publish() {
     for (Update& u : news) {
       ChoiceResult& r = results_[size_t(u.index)];
       r.text += u.text;
+      r.logprobs.insert(r.logprobs.end(), u.logprobs.begin(), u.logprobs.end());
       if (!u.finish_reason.empty()) {
         r.finish_reason = u.finish_reason;
         r.completion_tokens = int64_t(seqs_[size_t(u.index)].generated().size());
@@ -81,7 +95,7 @@ void Job::fail(const std::string& what) {
 // Scheduler
 
 Scheduler::Scheduler(const models::Decoder& decoder, SchedulerOptions options)
-    : options_(options), engine_(decoder, options.max_batch) {
+    : options_(options), decoder_(decoder), engine_(decoder, options.max_batch) {
   thread_ = std::thread([this] { loop(); });
 }
 
@@ -146,6 +160,24 @@ std::vector<std::shared_ptr<Job>> Scheduler::admit() {
   return out;
 }
 
+void Scheduler::score_prompts(const std::vector<std::shared_ptr<Job>>& jobs) {
+  for (const auto& job : jobs) {
+    if (!job->needs_prompt_scores()) continue;
+    const std::vector<int32_t>& p = job->request().prompt;
+    infer::ScoreOptions opt;
+    opt.top_n = job->request().logprobs;
+    opt.adapter = job->request().adapter;  // this request's adapter alone ("" = the base model)
+    std::vector<infer::TokenScore> scores;
+    if (p.size() > 1) {
+      infer::ScoreRequest request;
+      request.context.assign(p.begin(), p.begin() + 1);
+      request.continuation.assign(p.begin() + 1, p.end());
+      scores = infer::score_tokens(decoder_, {request}, opt)[0];
+    }
+    job->set_prompt_scores(scores);
+  }
+}
+
 void Scheduler::fail_all(const std::string& what) {
   for (auto& job : active_) job->fail(what);
   active_.clear();
@@ -173,6 +205,7 @@ void Scheduler::loop() {
           prompt_tokens += int64_t(job->request().prompt.size());
           active_.push_back(job);
         }
+        score_prompts(joining);
         engine_.join(seqs, adapters);
       }
       if (engine_.size() > 0) engine_.step();

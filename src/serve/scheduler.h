@@ -32,6 +32,7 @@ class Job {
     int index = 0;
     std::string text;
     std::string finish_reason;  // "" while running
+    std::vector<TokenLogprob> logprobs;  // the tokens generated since the last update (when requested)
   };
   // HTTP side: waits up to `timeout` for news and moves it into `out`. Returns true once every choice finished
   // (or the job failed) and nothing is left to read.
@@ -49,8 +50,12 @@ class Job {
   void publish();                     // scheduler thread: moves new text and ends to the HTTP side
   void fail(const std::string& what);  // scheduler thread
   bool all_finished() const;
+  bool needs_prompt_scores() const { return request_.echo && request_.logprobs >= 0; }
+  // Scheduler thread, before the first publish: the prompt's log-probs (echo), the first token's null.
+  void set_prompt_scores(const std::vector<infer::TokenScore>& scores);
 
   GenerationRequest request_;
+  const Tokenizer& tokenizer_;
   std::vector<infer::Sequence> seqs_;  // fixed size: the engine holds pointers to them
   std::vector<bool> reported_;         // finish published (scheduler thread only)
   std::atomic<bool> cancelled_{false};
@@ -90,9 +95,11 @@ class Scheduler {
  private:
   void loop();
   std::vector<std::shared_ptr<Job>> admit();  // jobs that fit now (engine thread)
+  void score_prompts(const std::vector<std::shared_ptr<Job>>& jobs);  // echo with log-probs (engine thread)
   void fail_all(const std::string& what);
 
   SchedulerOptions options_;
+  const models::Decoder& decoder_;
   infer::BatchEngine engine_;  // engine thread only
   std::vector<std::shared_ptr<Job>> active_;  // engine thread only
 

@@ -466,13 +466,16 @@ void Server::Impl::stream(httplib::Response& res, std::shared_ptr<Job> job, cons
       [job, id, created](size_t, httplib::DataSink& sink) {
         const GenerationRequest& r = job->request();
         std::vector<bool> first(size_t(r.n), true);
+        std::vector<int64_t> offsets(size_t(r.n), int64_t(r.prompt_text.size()));  // completions' text_offset
         auto send = [&](const std::string& s) { return sink.is_writable() && sink.write(s.data(), s.size()); };
         auto last_write = Clock::now();
         for (bool done = false; !done;) {
           std::vector<Job::Update> updates;
           done = job->wait(updates, 250ms);
           for (const Job::Update& u : updates) {
-            if (!send(sse_event(chunk_json(r, id, created, u.index, u.text, u.finish_reason, first[size_t(u.index)]))))
+            const size_t i = size_t(u.index);
+            if (!send(sse_event(chunk_json(r, id, created, u.index, u.text, u.finish_reason, first[i], u.logprobs,
+                                           &offsets[i]))))
               return job->cancel(), false;  // the client went away: stop generating for it
             first[size_t(u.index)] = false;
             last_write = Clock::now();

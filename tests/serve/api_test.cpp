@@ -129,7 +129,7 @@ TEST(Api, ChunksAndResponses) {
   json last = chunk_json(r, "id1", 5, 0, "", "stop", false);
   EXPECT_EQ(last["choices"][0]["delta"], json::object());
   EXPECT_EQ(last["choices"][0]["finish_reason"], "stop");
-  json resp = response_json(r, "id1", 5, {{"Hello", "length", 3}});
+  json resp = response_json(r, "id1", 5, {{"Hello", "length", 3, {}}});
   EXPECT_EQ(resp["choices"][0]["message"]["content"], "Hello");
   EXPECT_EQ(resp["usage"]["completion_tokens"], 3);
   EXPECT_EQ(resp["usage"]["prompt_tokens"], int64_t(r.prompt.size()));
