@@ -1,0 +1,127 @@
+#!/usr/bin/env python3
+"""Checks the float64 references of scripts/reference_models.py against transformers + peft.
+
+The test fixtures of the preference objectives (tests/train/fixtures/preference/, scripts/reference_preference.py)
+and of log-likelihood scoring (tests/infer/fixtures/logprobs/, scripts/reference_logprobs.py) are computed by
+lmtune's own float64 PyTorch model. This script recomputes them with transformers' LlamaForCausalLM and a peft
+LoRA adapter (float64 on the CPU; `disable_adapter()` for DPO's reference), so that the fixtures, and through them
+lmtune, agree with the implementation users compare against:
+
+  python3 scripts/check_references_transformers.py      # needs torch, transformers, peft, safetensors
+
+Prints the largest relative difference per quantity and exits 1 if any exceeds 1e-5 (the fixtures are float32).
+"""
+import json
+import os
+import sys
+
+import torch
+import torch.nn.functional as F
+from safetensors.torch import load_file
+import transformers
+import peft
+
+ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+LLAMA = os.path.join(ROOT, "tests", "models", "fixtures", "llama")
+TOL = 1e-5
+worst = {}
+
+
+def compare(what, got, want):
+    got, want = torch.as_tensor(got, dtype=torch.float64), torch.as_tensor(want, dtype=torch.float64)
+    err = ((got - want).abs().max() / want.abs().max().clamp_min(1e-12)).item()
+    worst[what] = max(worst.get(what, 0.0), err)
+
+
+def model_with(adapter_dir):
+    base = transformers.LlamaForCausalLM.from_pretrained(LLAMA, dtype=torch.float64, attn_implementation="eager")
+    return peft.PeftModel.from_pretrained(base, adapter_dir, is_trainable=True).eval()
+
+
+def log_probs(model, ids):
+    logits = model(input_ids=torch.tensor([ids])).logits[0]
+    return torch.log_softmax(logits, -1)
+
+
+def preference():
+    d = os.path.join(ROOT, "tests", "train", "fixtures", "preference")
+    model = model_with(os.path.join(d, "adapter"))
+    pairs, want = load_file(os.path.join(d, "pairs.safetensors")), load_file(os.path.join(d, "expected.safetensors"))
+    seqs = [(pairs["ids"][i, :pairs["length"][i]].tolist(), int(pairs["prompt_len"][i]))
+            for i in range(pairs["ids"].shape[0])]
+
+    def logp(ids, prompt_len):
+        lp = log_probs(model, ids)[:-1].gather(-1, torch.tensor(ids[1:])[:, None]).squeeze(-1)
+        return lp[prompt_len - 1:].sum()
+
+    with torch.no_grad(), model.disable_adapter():
+        ref = torch.stack([logp(s, pl) for s, pl in seqs])
+    compare("preference reference log-probs", ref, want["ref_logps"])
+    n = torch.tensor([float(len(s) - pl) for s, pl in seqs], dtype=torch.float64)
+    params = {name: p for name, p in model.named_parameters() if p.requires_grad}
+    for name in ("dpo", "simpo", "orpo"):
+        beta, ls, gamma = want[f"settings.{name}"].double().tolist()
+        model.zero_grad()
+        lp = torch.stack([logp(s, pl) for s, pl in seqs])
+        compare("preference policy log-probs", lp, want["logps"])
+        c, r = lp[0::2], lp[1::2]
+        if name == "dpo":
+            z = beta * ((c - ref[0::2]) - (r - ref[1::2]))
+            loss = (-(1 - ls) * F.logsigmoid(z) - ls * F.logsigmoid(-z)).mean()
+            cr, rr = beta * (c - ref[0::2]), beta * (r - ref[1::2])
+        else:
+            a = lp / n
+            ac, ar = a[0::2], a[1::2]
+            if name == "simpo":
+                z = beta * (ac - ar) - gamma
+                loss = (-(1 - ls) * F.logsigmoid(z) - ls * F.logsigmoid(-z)).mean()
+            else:
+                log_odds = (ac - ar) - (torch.log1p(-torch.exp(ac)) - torch.log1p(-torch.exp(ar)))
+                loss = -c.sum() / n[0::2].sum() - beta * F.logsigmoid(log_odds).mean()
+            cr, rr = beta * ac, beta * ar
+        loss.backward()
+        compare(f"{name} loss", loss.detach(), want[f"{name}.loss"])
+        compare(f"{name} rewards", torch.cat([cr, rr]).detach(),
+                torch.cat([want[f"{name}.chosen_reward"], want[f"{name}.rejected_reward"]]))
+        for pname, p in params.items():  # base_model.model.<module>.lora_A.default.weight
+            module, kind = pname[len("base_model.model."):].rsplit(".lora_", 1)
+            compare(f"{name} adapter gradients", p.grad, want[f"{name}.grad.{module}.lora_{kind[0]}"])
+
+
+def logprobs():
+    d = os.path.join(ROOT, "tests", "infer", "fixtures", "logprobs")
+    vocab = json.load(open(os.path.join(d, "tokenizer.json")))["model"]["vocab"]
+    want = json.load(open(os.path.join(d, "expected.json")))
+    records = [json.loads(line) for line in open(os.path.join(d, "records.jsonl"))]
+    model = model_with(os.path.join(ROOT, "tests", "train", "fixtures", "sgd_step", "adapter"))
+    for kind in ("base", "lora"):
+        for rec, exp in zip(records, want[kind]):
+            ctx = [1] + [vocab[ch] for ch in rec["prompt"]]
+            cont = [vocab[ch] for ch in rec["completion"]]
+            with torch.no_grad():
+                if kind == "base":
+                    with model.disable_adapter():
+                        lp = log_probs(model, ctx + cont)
+                else:
+                    lp = log_probs(model, ctx + cont)
+            got = [lp[len(ctx) + j - 1, t].item() for j, t in enumerate(cont)]
+            compare(f"scoring log-probs ({kind})", got, [t["logprob"] for t in exp])
+            for j, t in enumerate(exp):
+                top = torch.topk(lp[len(ctx) + j - 1], len(t["top"]))
+                compare(f"scoring top log-probs ({kind})", top.values, [v for _, v in t["top"]])
+
+
+def main():
+    torch.manual_seed(0)
+    preference()
+    logprobs()
+    bad = False
+    for what, err in worst.items():
+        print(f"{what:40s} max relative difference {err:.2e}")
+        bad |= err > TOL
+    print(f"transformers {transformers.__version__}, peft {peft.__version__}: {'FAIL' if bad else 'agree'}")
+    sys.exit(1 if bad else 0)
+
+
+if __name__ == "__main__":
+    main()
