@@ -6,6 +6,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <fstream>
+
+#include <nlohmann/json.hpp>
 
 #include "core/random.h"
 #include "train_test_util.h"
@@ -51,6 +54,25 @@ struct PreferenceRun {
   }
 };
 
+// `lmtune eval` loss on the held-out pairs' chosen answers as prompt/completion records, with or without the
+// trained adapter.
+double chosen_answer_loss(PreferenceRun& run, bool adapter) {
+  std::string records;
+  std::ifstream in(run.valid);
+  for (std::string line; std::getline(in, line);) {
+    const nlohmann::json pair = nlohmann::json::parse(line);
+    records += nlohmann::json{{"prompt", pair["prompt"]}, {"completion", pair["chosen"]}}.dump() + "\n";
+  }
+  const fs::path data = run.dir.write("chosen.jsonl", records);
+  std::vector<std::string> args{"--device", "cpu", "eval", "--model", run.model.string(), "--data", data.string(),
+                                "--json", "--no-generate", "--log-level", "warn"};
+  if (adapter) args.insert(args.end(), {"--adapter", (run.save / "adapter").string()});
+  const ChildResult r = run_lmtune(args);
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  const size_t brace = r.output.rfind("\n{");
+  return nlohmann::json::parse(r.output.substr(brace == std::string::npos ? 0 : brace + 1))["loss"].get<double>();
+}
+
 }  // namespace
 
 class PreferenceTraining : public ::testing::TestWithParam<std::string> {};
@@ -72,6 +94,11 @@ TEST_P(PreferenceTraining, RaisesHeldOutAccuracy) {
     EXPECT_EQ(first.get("accuracy"), 0);
     EXPECT_NEAR(first.get("chosen_reward"), 0, 1e-6);
   }
+  // The SFT loss on the held-out chosen answers stays sane: finite, and not far above the base model's (DPO may
+  // lower a chosen answer's likelihood while it widens the margin, but must not wreck the language model).
+  const double base = chosen_answer_loss(run, false), tuned = chosen_answer_loss(run, true);
+  EXPECT_TRUE(std::isfinite(tuned)) << tuned;
+  EXPECT_LT(tuned, base + 1.0) << "chosen-answer loss " << base << " -> " << tuned;
   bool train_metrics = false;
   for (const MetricsRow& m : read_metrics_jsonl(run.save / "metrics.jsonl"))
     train_metrics = train_metrics || (m.split == "train" && !std::isnan(m.get("rejected_reward")));
