@@ -77,7 +77,7 @@ Sample tokenize_record(const std::string& line, const Tokenizer& tok, std::strin
   json obj;
   try {
     obj = json::parse(line);
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {  // parse_error, and out_of_range for a number beyond double (1e400)
     throw FileError(where + ": invalid JSON: " + e.what());
   }
   if (!obj.is_object()) throw FileError(where + ": each line must be a JSON object");

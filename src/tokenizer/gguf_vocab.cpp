@@ -23,6 +23,15 @@ using nlohmann::json;
 
 namespace {
 
+// tokenizer.ggml.tokens / merges; the tokenizer is built through tokenizer.json, whose strings must be UTF-8, so an
+// invalid one is a FileError naming the key and index here rather than a json::type_error from dump().
+std::vector<std::string> utf8_strings(const GgufFile& f, const std::string& key) {
+  std::vector<std::string> out = f.get_strings(key);
+  for (size_t i = 0; i < out.size(); ++i)
+    if (!tok::is_valid_utf8(out[i])) f.fail_key(key, "element " + std::to_string(i) + " is not valid UTF-8");
+  return out;
+}
+
 // llama_token_type / gguf-py TokenType.
 enum TokenType : int64_t { kNormal = 1, kUnknown = 2, kControl = 3, kUserDefined = 4, kUnused = 5, kByte = 6 };
 
@@ -65,7 +74,7 @@ void gpt2_pipeline(const GgufFile& f, json& tj) {
   tj["decoder"] = {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", false}, {"use_regex", false}};
   json merges = json::array();
   if (f.contains("tokenizer.ggml.merges"))
-    for (std::string& m : f.get_strings("tokenizer.ggml.merges")) merges.push_back(std::move(m));
+    for (std::string& m : utf8_strings(f, "tokenizer.ggml.merges")) merges.push_back(std::move(m));
   tj["model"]["merges"] = std::move(merges);
 }
 
@@ -143,7 +152,7 @@ std::optional<int64_t> token_id(const GgufFile& f, const char* key, size_t n) {
 
 Tokenizer Tokenizer::from_gguf(const GgufFile& f) {
   const std::string model = f.get_string("tokenizer.ggml.model");
-  Vocab v{f.get_strings("tokenizer.ggml.tokens"), {}};
+  Vocab v{utf8_strings(f, "tokenizer.ggml.tokens"), {}};
   if (v.tokens.empty()) f.fail_key("tokenizer.ggml.tokens", "empty vocabulary");
   v.types = f.contains("tokenizer.ggml.token_type") ? f.get_ints("tokenizer.ggml.token_type")
                                                     : std::vector<int64_t>(v.tokens.size(), kNormal);

@@ -97,6 +97,15 @@ TEST(Dataset, MalformedLinesNameFileAndLine) {
   EXPECT_NE(e.find("missing.jsonl"), std::string::npos) << e;
 }
 
+// Found by fuzz_dataset: a number beyond double's range made nlohmann throw json::out_of_range (not a parse_error),
+// which escaped tokenize_record instead of naming the file and line.
+TEST(Dataset, NumberOutOfRangeNamesFileAndLine) {
+  TempDir d;
+  const std::string e = error_of(d.write("big.jsonl", "{\"text\": \"ok\"}\n{\"text\": \"x\", \"n\": 1e999}\n"));
+  EXPECT_NE(e.find("big.jsonl:2: invalid JSON"), std::string::npos) << e;
+  EXPECT_NE(e.find("number overflow"), std::string::npos) << e;
+}
+
 TEST(Dataset, OverlongPoliciesAndUntrainableSamples) {
   TempDir d;
   std::string longtext(400, 'a');
