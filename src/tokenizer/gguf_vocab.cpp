@@ -115,6 +115,13 @@ json spm_merges(const Vocab& v, const std::vector<float>& scores) {
   return out;
 }
 
+std::optional<int64_t> token_id(const GgufFile& f, const char* key, size_t n) {
+  auto id = f.opt_int(key);
+  if (id && (*id < 0 || *id >= int64_t(n)))
+    f.fail_key(key, std::to_string(*id) + " is outside the vocabulary [0, " + std::to_string(n) + ")");
+  return id;
+}
+
 // The SentencePiece pieces of a "llama" tokenizer.
 void spm_pipeline(const GgufFile& f, const Vocab& v, json& tj) {
   std::vector<float> scores = f.get_floats("tokenizer.ggml.scores");
@@ -133,19 +140,12 @@ void spm_pipeline(const GgufFile& f, const Vocab& v, json& tj) {
   tj["decoder"] = {{"type", "Sequence"}, {"decoders", decoders}};
   tj["model"]["byte_fallback"] = true;
   tj["model"]["fuse_unk"] = true;
-  auto unk = f.opt_int("tokenizer.ggml.unknown_token_id");
+  auto unk = token_id(f, "tokenizer.ggml.unknown_token_id", v.tokens.size());  // out of range: FileError
   if (!unk)
     for (size_t i = 0; i < v.types.size() && !unk; ++i)
       if (v.types[i] == kUnknown) unk = int64_t(i);
   if (unk) tj["model"]["unk_token"] = v.tokens.at(size_t(*unk));
   tj["model"]["merges"] = spm_merges(v, scores);
-}
-
-std::optional<int64_t> token_id(const GgufFile& f, const char* key, size_t n) {
-  auto id = f.opt_int(key);
-  if (id && (*id < 0 || *id >= int64_t(n)))
-    f.fail_key(key, std::to_string(*id) + " is outside the vocabulary [0, " + std::to_string(n) + ")");
-  return id;
 }
 
 }  // namespace

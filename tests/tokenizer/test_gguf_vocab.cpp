@@ -107,6 +107,24 @@ TEST(GgufVocabKeys, TokensAndMergesMustBeUtf8) {
   }
 }
 
+// Found by fuzz_gguf: a SentencePiece vocabulary's unknown_token_id past the tokens threw std::out_of_range (.at).
+TEST(GgufVocabKeys, UnknownTokenIdOutsideVocabulary) {
+  GgufMetadata m = {{"tokenizer.ggml.model", GgufValue::of_string("llama")},
+                    {"tokenizer.ggml.tokens", GgufValue::of_strings({"<unk>", "a", "b"})},
+                    {"tokenizer.ggml.scores", GgufValue::of_array(GgufType::f32, {GgufValue::of_f32(0),
+                                                GgufValue::of_f32(-1), GgufValue::of_f32(-2)})},
+                    {"tokenizer.ggml.unknown_token_id", GgufValue::of_u32(16)}};
+  const fs::path file = temp_file("bad_unk.gguf");
+  write_gguf(file, m, {});
+  try {
+    Tokenizer::from_gguf(GgufFile(file));
+    ADD_FAILURE() << "expected a FileError";
+  } catch (const FileError& e) {
+    EXPECT_NE(std::string(e.what()).find("tokenizer.ggml.unknown_token_id"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("16 is outside the vocabulary [0, 3)"), std::string::npos) << e.what();
+  }
+}
+
 TEST(GgufVocabKeys, RefusesWhatLlamaCppWouldRunDifferently) {
   const Tokenizer& t = fixture_tokenizer("llama3");
   EXPECT_THROW(gguf_tokenizer_metadata(t, t.vocab_size() - 1), ConfigError);  // more tokens than rows
