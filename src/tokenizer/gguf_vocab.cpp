@@ -23,6 +23,15 @@ using nlohmann::json;
 
 namespace {
 
+// tokenizer.ggml.tokens / merges; the tokenizer is built through tokenizer.json, whose strings must be UTF-8, so an
+// invalid one is a FileError naming the key and index here rather than a json::type_error from dump().
+std::vector<std::string> utf8_strings(const GgufFile& f, const std::string& key) {
+  std::vector<std::string> out = f.get_strings(key);
+  for (size_t i = 0; i < out.size(); ++i)
+    if (!tok::is_valid_utf8(out[i])) f.fail_key(key, "element " + std::to_string(i) + " is not valid UTF-8");
+  return out;
+}
+
 // llama_token_type / gguf-py TokenType.
 enum TokenType : int64_t { kNormal = 1, kUnknown = 2, kControl = 3, kUserDefined = 4, kUnused = 5, kByte = 6 };
 
@@ -65,7 +74,7 @@ void gpt2_pipeline(const GgufFile& f, json& tj) {
   tj["decoder"] = {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", false}, {"use_regex", false}};
   json merges = json::array();
   if (f.contains("tokenizer.ggml.merges"))
-    for (std::string& m : f.get_strings("tokenizer.ggml.merges")) merges.push_back(std::move(m));
+    for (std::string& m : utf8_strings(f, "tokenizer.ggml.merges")) merges.push_back(std::move(m));
   tj["model"]["merges"] = std::move(merges);
 }
 
@@ -106,6 +115,13 @@ json spm_merges(const Vocab& v, const std::vector<float>& scores) {
   return out;
 }
 
+std::optional<int64_t> token_id(const GgufFile& f, const char* key, size_t n) {
+  auto id = f.opt_int(key);
+  if (id && (*id < 0 || *id >= int64_t(n)))
+    f.fail_key(key, std::to_string(*id) + " is outside the vocabulary [0, " + std::to_string(n) + ")");
+  return id;
+}
+
 // The SentencePiece pieces of a "llama" tokenizer.
 void spm_pipeline(const GgufFile& f, const Vocab& v, json& tj) {
   std::vector<float> scores = f.get_floats("tokenizer.ggml.scores");
@@ -124,7 +140,7 @@ void spm_pipeline(const GgufFile& f, const Vocab& v, json& tj) {
   tj["decoder"] = {{"type", "Sequence"}, {"decoders", decoders}};
   tj["model"]["byte_fallback"] = true;
   tj["model"]["fuse_unk"] = true;
-  auto unk = f.opt_int("tokenizer.ggml.unknown_token_id");
+  auto unk = token_id(f, "tokenizer.ggml.unknown_token_id", v.tokens.size());  // out of range: FileError
   if (!unk)
     for (size_t i = 0; i < v.types.size() && !unk; ++i)
       if (v.types[i] == kUnknown) unk = int64_t(i);
@@ -132,18 +148,11 @@ void spm_pipeline(const GgufFile& f, const Vocab& v, json& tj) {
   tj["model"]["merges"] = spm_merges(v, scores);
 }
 
-std::optional<int64_t> token_id(const GgufFile& f, const char* key, size_t n) {
-  auto id = f.opt_int(key);
-  if (id && (*id < 0 || *id >= int64_t(n)))
-    f.fail_key(key, std::to_string(*id) + " is outside the vocabulary [0, " + std::to_string(n) + ")");
-  return id;
-}
-
 }  // namespace
 
 Tokenizer Tokenizer::from_gguf(const GgufFile& f) {
   const std::string model = f.get_string("tokenizer.ggml.model");
-  Vocab v{f.get_strings("tokenizer.ggml.tokens"), {}};
+  Vocab v{utf8_strings(f, "tokenizer.ggml.tokens"), {}};
   if (v.tokens.empty()) f.fail_key("tokenizer.ggml.tokens", "empty vocabulary");
   v.types = f.contains("tokenizer.ggml.token_type") ? f.get_ints("tokenizer.ggml.token_type")
                                                     : std::vector<int64_t>(v.tokens.size(), kNormal);

@@ -2,6 +2,7 @@
 // control, trim_blocks and lstrip_blocks as transformers configures them) and parses expressions with Jinja2's
 // precedence: ternary < or < and < not < comparisons/in/is < + - < ~ < * / // % < ** < unary < postfix/filters.
 #include <cctype>
+#include <charconv>
 
 #include "core/error.h"
 #include "tokenizer/jinja_ast.h"
@@ -549,6 +550,16 @@ class Parser {
       if (!accept(",")) { expect(")"); break; }
     }
   }
+  // A numeric literal's value; one that does not fit (e.g. 99999999999999999999) is a syntax error, not a
+  // std::out_of_range escaping from stoll/stod.
+  template <typename T>
+  T number(const Token& t) const {
+    T v{};
+    auto [end, ec] = std::from_chars(t.text.data(), t.text.data() + t.text.size(), v);
+    if (ec != std::errc() || end != t.text.data() + t.text.size())
+      fail(t.pos, "number literal " + t.text.substr(0, 40) + (t.text.size() > 40 ? "..." : "") + " is out of range");
+    return v;
+  }
   Ptr primary() {
     const Token& t = next();
     auto literal = [&](Value v) {
@@ -562,8 +573,8 @@ class Parser {
         while (peek().type == Token::String) s += next().text;  // adjacent literals concatenate
         return literal(s);
       }
-      case Token::Int: return literal(Value(static_cast<int64_t>(std::stoll(t.text))));
-      case Token::Float: return literal(Value(std::stod(t.text)));
+      case Token::Int: return literal(Value(number<int64_t>(t)));
+      case Token::Float: return literal(Value(number<double>(t)));
       case Token::Name:
         if (t.text == "true" || t.text == "True") return literal(true);
         if (t.text == "false" || t.text == "False") return literal(false);

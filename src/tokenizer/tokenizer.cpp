@@ -28,7 +28,7 @@ std::string read_file(const fs::path& file) {
 json parse_json(std::string_view text, const std::string& name) {
   try {
     return json::parse(text);
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {  // parse_error, and out_of_range for a number beyond double (1e400)
     throw FileError(name + ": invalid JSON: " + e.what());
   }
 }

@@ -97,6 +97,28 @@ TEST(Dataset, MalformedLinesNameFileAndLine) {
   EXPECT_NE(e.find("missing.jsonl"), std::string::npos) << e;
 }
 
+// Found by fuzz_dataset: a number beyond double's range made nlohmann throw json::out_of_range (not a parse_error),
+// which escaped tokenize_record instead of naming the file and line.
+TEST(Dataset, NumberOutOfRangeNamesFileAndLine) {
+  TempDir d;
+  const std::string e = error_of(d.write("big.jsonl", "{\"text\": \"ok\"}\n{\"text\": \"x\", \"n\": 1e999}\n"));
+  EXPECT_NE(e.find("big.jsonl:2: invalid JSON"), std::string::npos) << e;
+  EXPECT_NE(e.find("number overflow"), std::string::npos) << e;
+}
+
+// Found by fuzz_dataset: a chat record nesting 30,000 arrays overflowed the stack (its messages are copied
+// recursively); records deeper than 64 levels are refused, naming the file and line.
+TEST(Dataset, DeeplyNestedRecordNamesFileAndLine) {
+  TempDir d;
+  const std::string deep = std::string(30000, '[') + std::string(30000, ']');
+  const std::string record = R"({"messages": [{"role": "user", "content": "a", "x": )" + deep +
+                             R"(}, {"role": "assistant", "content": "b"}]})";
+  const std::string e = error_of(d.write("deep.jsonl", "{\"text\": \"ok\"}\n" + record + "\n"));
+  EXPECT_NE(e.find("deep.jsonl:2: invalid JSON: nested deeper than 64 levels"), std::string::npos) << e;
+  const std::string nested = std::string(60, '[') + std::string(60, ']');
+  EXPECT_EQ(error_of(d.write("ok.jsonl", R"({"text": "ok", "x": )" + nested + "}\n")), "");
+}
+
 TEST(Dataset, OverlongPoliciesAndUntrainableSamples) {
   TempDir d;
   std::string longtext(400, 'a');

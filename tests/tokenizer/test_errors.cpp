@@ -23,6 +23,14 @@ std::string error_of(const std::string& json) {
 const char* const kTinyModel = R"("model": {"type": "BPE", "vocab": {"a": 0, "b": 1, "ab": 2, "<unk>": 3, "c": 4},
                                   "merges": ["a b"], "unk_token": "<unk>"})";
 
+// The bug fuzz_dataset found in tokenize_record, here too: a number beyond double's range is json::out_of_range,
+// not parse_error, and escaped from_json_string as a foreign exception.
+TEST(TokenizerErrors, NumberOutOfRangeIsInvalidJson) {
+  const std::string e = error_of(R"({"version": 1e999, "model": {"type": "BPE", "vocab": {}, "merges": []}})");
+  EXPECT_NE(e.find("bad.json: invalid JSON"), std::string::npos) << e;
+  EXPECT_NE(e.find("number overflow"), std::string::npos) << e;
+}
+
 TEST(TokenizerErrors, MalformedFilesNameTheProblem) {
   EXPECT_NE(error_of("{not json").find("bad.json: invalid JSON"), std::string::npos);
   EXPECT_NE(error_of("{}").find("bad.json: missing 'model'"), std::string::npos);

@@ -86,6 +86,45 @@ TEST(GgufVocabKeys, NameTheModelPreTokenizerAndTypes) {
   EXPECT_EQ(value(gguf_tokenizer_metadata(g, g.vocab_size()), "tokenizer.ggml.add_space_prefix").integer, 0u);
 }
 
+// Found by fuzz_gguf: a token that is not UTF-8 made nlohmann's dump() throw json::type_error out of from_gguf.
+TEST(GgufVocabKeys, TokensAndMergesMustBeUtf8) {
+  const std::vector<std::string> good = {"a", "b", "ab"}, bad = {"a", std::string("\xff\xfe"), "ab"};
+  for (const std::string key : {"tokenizer.ggml.tokens", "tokenizer.ggml.merges"}) {
+    const bool bad_tokens = key == "tokenizer.ggml.tokens";
+    GgufMetadata m = {{"tokenizer.ggml.model", GgufValue::of_string("gpt2")},
+                      {"tokenizer.ggml.pre", GgufValue::of_string("llama-bpe")},
+                      {"tokenizer.ggml.tokens", GgufValue::of_strings(bad_tokens ? bad : good)},
+                      {"tokenizer.ggml.merges", GgufValue::of_strings({"a b", bad_tokens ? "a b" : "\xc3"})}};
+    const fs::path file = temp_file("bad_utf8.gguf");
+    write_gguf(file, m, {});
+    try {
+      Tokenizer::from_gguf(GgufFile(file));
+      ADD_FAILURE() << key << ": expected a FileError";
+    } catch (const FileError& e) {
+      EXPECT_NE(std::string(e.what()).find(key), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("element 1 is not valid UTF-8"), std::string::npos) << e.what();
+    }
+  }
+}
+
+// Found by fuzz_gguf: a SentencePiece vocabulary's unknown_token_id past the tokens threw std::out_of_range (.at).
+TEST(GgufVocabKeys, UnknownTokenIdOutsideVocabulary) {
+  GgufMetadata m = {{"tokenizer.ggml.model", GgufValue::of_string("llama")},
+                    {"tokenizer.ggml.tokens", GgufValue::of_strings({"<unk>", "a", "b"})},
+                    {"tokenizer.ggml.scores", GgufValue::of_array(GgufType::f32, {GgufValue::of_f32(0),
+                                                GgufValue::of_f32(-1), GgufValue::of_f32(-2)})},
+                    {"tokenizer.ggml.unknown_token_id", GgufValue::of_u32(16)}};
+  const fs::path file = temp_file("bad_unk.gguf");
+  write_gguf(file, m, {});
+  try {
+    Tokenizer::from_gguf(GgufFile(file));
+    ADD_FAILURE() << "expected a FileError";
+  } catch (const FileError& e) {
+    EXPECT_NE(std::string(e.what()).find("tokenizer.ggml.unknown_token_id"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("16 is outside the vocabulary [0, 3)"), std::string::npos) << e.what();
+  }
+}
+
 TEST(GgufVocabKeys, RefusesWhatLlamaCppWouldRunDifferently) {
   const Tokenizer& t = fixture_tokenizer("llama3");
   EXPECT_THROW(gguf_tokenizer_metadata(t, t.vocab_size() - 1), ConfigError);  // more tokens than rows

@@ -149,5 +149,17 @@ TEST(Jinja, HostileTemplatesHitLimits) {
             size_t(92));
 }
 
+// Found by fuzz_chat_template: a literal too large for int64 or double escaped as std::out_of_range (stoll).
+TEST(Jinja, OutOfRangeNumberLiteralsAreSyntaxErrors) {
+  const std::string sources[] = {"{{ 99999999999999999999 }}", "{{ x(1, 9223372036854775808) }}",
+                                 "{{ " + std::string(400, '9') + ".5 }}"};
+  for (const std::string& source : sources) {
+    const std::string e = error_of(source);
+    EXPECT_NE(e.find("line 1, column"), std::string::npos) << source.substr(0, 40) << ": " << e;
+    EXPECT_NE(e.find("is out of range"), std::string::npos) << e;
+  }
+  EXPECT_EQ(render("{{ 9223372036854775807 }}|{{ 1_000 }}|{{ 2.5 }}"), "9223372036854775807|1000|2.5");
+}
+
 }  // namespace
 }  // namespace lmtune::jinja
