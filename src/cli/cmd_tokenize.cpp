@@ -79,7 +79,7 @@ void run_tokenize(const TokenizeOptions& opts) {
       nlohmann::json record;
       try {
         record = nlohmann::json::parse(line);
-      } catch (const nlohmann::json::parse_error& e) {
+      } catch (const nlohmann::json::exception& e) {  // parse_error, out_of_range (1e400)
         throw FileError(where + ": invalid JSON: " + e.what());
       }
       if (!record.is_object() || !record.contains("text") || !record["text"].is_string())

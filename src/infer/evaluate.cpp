@@ -68,7 +68,7 @@ std::vector<PromptCompletion> read_prompt_completions(const std::filesystem::pat
     nlohmann::json obj;
     try {
       obj = nlohmann::json::parse(line);
-    } catch (const nlohmann::json::parse_error& e) {
+    } catch (const nlohmann::json::exception& e) {  // parse_error, out_of_range (1e400)
       throw FileError(file.string() + ":" + std::to_string(n) + ": invalid JSON: " + e.what());
     }
     if (!obj.is_object() || !obj.contains("prompt") || !obj.contains("completion") || !obj["prompt"].is_string() ||

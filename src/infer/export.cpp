@@ -24,7 +24,7 @@ nlohmann::json read_json(const fs::path& file) {
   if (!in) throw FileError(file.string() + ": cannot open");
   try {
     return nlohmann::json::parse(in);
-  } catch (const nlohmann::json::parse_error& e) {
+  } catch (const nlohmann::json::exception& e) {  // parse_error, out_of_range (1e400)
     throw FileError(file.string() + ": invalid JSON: " + e.what());
   }
 }

@@ -33,7 +33,7 @@ std::vector<MetricsRow> read_metrics_jsonl(const fs::path& file) {
     json j;
     try {
       j = json::parse(line);
-    } catch (const json::parse_error&) {
+    } catch (const json::exception&) {
       break;  // a line torn by a crash ends the usable record
     }
     MetricsRow r;

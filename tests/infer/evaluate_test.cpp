@@ -88,6 +88,13 @@ TEST(EvaluateGeneration, ReadsPromptCompletionFilesOnly) {
   EXPECT_THROW(read_prompt_completions(dir.path / "missing.jsonl"), FileError);
   EXPECT_THROW(read_prompt_completions(dir.write("bad.jsonl", "{\"prompt\": \"a\", \"completion\": \"b\"}\n{oops\n")),
                FileError);
+  // A number beyond double is nlohmann's out_of_range, not a parse_error: still the file's own error, with its line.
+  try {
+    read_prompt_completions(dir.write("big.jsonl", "{\"prompt\": \"a\", \"completion\": \"b\", \"w\": 1e999}\n"));
+    ADD_FAILURE() << "no error";
+  } catch (const FileError& e) {
+    EXPECT_NE(std::string(e.what()).find("big.jsonl:1: invalid JSON"), std::string::npos) << e.what();
+  }
 }
 
 }  // namespace
