@@ -7,6 +7,7 @@
 #include "core/error.h"
 #include "core/ops.h"
 #include "models/linear.h"
+#include "train/train_data.h"
 
 namespace lmtune {
 namespace {
@@ -30,22 +31,14 @@ Tensor column(const Tensor& x, int64_t pairs, int64_t c) {
   return ops::reshape(ops::slice(ops::reshape(x, {pairs, 2}), 1, c, c + 1), {pairs});
 }
 
-DataOptions preference_options(const Recipe& r) {
-  DataOptions o;
-  o.format = r.data.format;
-  o.max_seq_len = r.data.max_seq_len;
-  o.overlong = r.data.overlong;
-  return o;
-}
-
 }  // namespace
 
 PreferenceData load_preference_data(const Recipe& r, const Tokenizer& tok) {
   PreferenceData d;
-  d.train = load_preference_dataset(r.data.train, tok, preference_options(r));
+  d.train = load_preference_dataset(r.data.train, tok, data_options(r));
   d.hash = "preference:" + d.train.hash;
   if (!r.data.valid.empty()) {
-    d.valid = load_preference_dataset(r.data.valid, tok, preference_options(r));
+    d.valid = load_preference_dataset(r.data.valid, tok, data_options(r));
     d.hash += "+valid:" + d.valid.hash;
   } else if (r.data.valid_split > 0) {
     d.valid = split_preference_dataset(d.train, r.data.valid_split, r.train.seed);

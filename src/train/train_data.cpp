@@ -15,8 +15,6 @@ namespace fs = std::filesystem;
 
 fs::path token_cache_dir(const Recipe& r) { return fs::path(r.save.dir) / "cache"; }
 
-namespace {
-
 DataOptions data_options(const Recipe& r) {
   DataOptions o;
   o.format = r.data.format;
@@ -24,6 +22,8 @@ DataOptions data_options(const Recipe& r) {
   o.overlong = r.data.overlong;
   return o;
 }
+
+namespace {
 
 // Moves a seed-determined fraction of `train`'s samples into `valid` (at least one, and at least one left).
 void split(Dataset& train, Dataset& valid, double fraction, uint64_t seed) {

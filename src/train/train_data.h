@@ -20,6 +20,8 @@ struct TrainData {
   bool has_valid() const { return !valid.samples.empty(); }
 };
 
+// The recipe's data.* keys that reading a file takes (SFT and preference data alike).
+DataOptions data_options(const Recipe& recipe);
 // Token cache directory of a recipe: <save.dir>/cache.
 std::filesystem::path token_cache_dir(const Recipe& recipe);
 TrainData load_train_data(const Recipe& recipe, const Tokenizer& tokenizer);
