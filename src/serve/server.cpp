@@ -51,10 +51,8 @@ AdapterEntry parse_adapter_entry(const std::string& spec) {
 ServedModel::ServedModel(models::Decoder decoder, Tokenizer tokenizer, ModelNames names)
     : decoder(std::move(decoder)), tokenizer(std::move(tokenizer)), names(std::move(names)) {
   if (!this->tokenizer.chat_template().empty()) chat_template = std::make_unique<ChatTemplate>(this->tokenizer);
-  const ModelConfig& c = this->decoder.config();
-  context = c.max_position_embeddings > 0 ? c.max_position_embeddings : 4096;
-  // Dynamic NTK rope scales past max_position_embeddings: serve the length its factor was chosen for.
-  if (c.rope.type == RopeType::dynamic) context = int64_t(double(context) * std::max(1.0, c.rope.factor));
+  const int64_t model = infer::model_context(this->decoder.config());
+  context = model > 0 ? model : 4096;
 }
 
 std::unique_ptr<ServedModel> load_served_model(const std::filesystem::path& model_dir,

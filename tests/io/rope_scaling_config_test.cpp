@@ -9,6 +9,7 @@
 #include <string>
 
 #include "core/error.h"
+#include "io/gguf_model.h"
 #include "io/hf_config.h"
 
 namespace lmtune {
@@ -190,6 +191,21 @@ TEST(RopeScalingConfig, ErrorsNameTheKeyPath) {
   for (const Case& c : cases) {
     std::string msg = error_of(llama(c.extra));
     EXPECT_NE(msg.find(c.message), std::string::npos) << "got: " << msg << "\nwanted: " << c.message;
+  }
+}
+
+TEST(RopeScalingConfig, GgufExportRefusesTheNewTypes) {
+  for (const char* scaling : {R"({"type": "dynamic", "factor": 2})", R"({"rope_type": "yarn", "factor": 2})",
+                              R"({"rope_type": "longrope", "short_factor": [1, 1, 1, 1, 1, 1, 1, 1],
+                                  "long_factor": [1, 1, 1, 1, 1, 1, 1, 1]})"}) {
+    ModelConfig c = parse_model_config(llama(std::string(R"("rope_scaling": )") + scaling));
+    try {
+      gguf_config_metadata(c, "m", 0);
+      ADD_FAILURE() << "exported " << scaling;
+    } catch (const ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find(std::string(rope_type_name(c.rope.type)) + " rope scaling"),
+                std::string::npos) << e.what();
+    }
   }
 }
 
