@@ -9,6 +9,10 @@ lmtune, agree with the implementation users compare against:
 
   python3 scripts/check_references_transformers.py      # needs torch, transformers, peft, safetensors
 
+It also recomputes the rope-scaling model fixtures (tests/models/fixtures/{llama_yarn,qwen2_longrope,
+llama_dynamic}) with transformers' own models: logits and loss past the original length, the packed row alone,
+and the KV-cache timeline of generate (--rope: only these).
+
 Prints the largest relative difference per quantity and exits 1 if any exceeds 1e-5 (the fixtures are float32).
 """
 import json
@@ -111,10 +115,64 @@ def logprobs():
                 compare(f"scoring top log-probs ({kind})", top.values, [v for _, v in t["top"]])
 
 
+def fresh_model(fixture):
+    """A newly loaded model: transformers' dynamic rope keeps state between calls, so each check starts afresh."""
+    return transformers.AutoModelForCausalLM.from_pretrained(fixture, dtype=torch.float64,
+                                                             attn_implementation="eager").eval()
+
+
+def rope_scaling():
+    """The rope-scaling fixtures of scripts/reference_models.py (yarn, longrope, dynamic; past the original
+    length): logits and loss of the batch, the packed row alone, and the KV-cache timeline of generate."""
+    for name in ("llama_yarn", "qwen2_longrope", "llama_dynamic"):
+        d = os.path.join(ROOT, "tests", "models", "fixtures", name)
+        ref = load_file(os.path.join(d, "reference.safetensors"))
+        ids, pos, docs = ref["ids"].long(), ref["positions"].long(), ref["doc_ids"]
+        T = ids.shape[1]
+        with torch.no_grad():
+            # The batch: transformers' rope length is the largest position of the call (row 0's), so each
+            # document of the packed row 1 runs beside row 0, right-padded (a causal mask ignores the padding).
+            model = fresh_model(d)
+            logits = torch.zeros(ref["logits"].shape, dtype=torch.float64)
+            logits[0] = model(input_ids=ids[:1], position_ids=pos[:1]).logits[0]
+            for doc in docs[1].unique():
+                cols = (docs[1] == doc).nonzero().flatten()
+                n = len(cols)
+                pair = torch.zeros(2, T, dtype=torch.long)
+                pair[0], pair[1, :n] = ids[0], ids[1, cols]
+                mask = torch.ones(2, T, dtype=torch.long)
+                mask[1, n:] = 0
+                positions = torch.stack([pos[0], torch.arange(T)])
+                logits[1, cols] = model(input_ids=pair, attention_mask=mask, position_ids=positions).logits[1, :n]
+            compare(f"{name} batch logits", logits, ref["logits"])
+            targets = ref["targets"].long()
+            keep = targets != -100
+            compare(f"{name} batch loss", F.cross_entropy(logits[keep], targets[keep]), ref["loss"])
+            # The packed row alone: every document within the original length.
+            model = fresh_model(d)
+            short = torch.zeros(ref["short.logits"].shape, dtype=torch.float64)
+            for doc in docs[1].unique():
+                cols = (docs[1] == doc).nonzero().flatten()
+                short[0, cols] = model(input_ids=ids[1:, cols], position_ids=pos[1:, cols]).logits[0]
+            compare(f"{name} packed row alone logits", short, ref["short.logits"])
+            # generate's timeline: the prompt, then one token per call through the cache.
+            model = fresh_model(d)
+            P = int(ref["generate.prompt_len"][0])
+            out = model(input_ids=ids[:1, :P], use_cache=True)
+            steps = [out.logits[0, -1]]
+            for t in range(P, T):
+                out = model(input_ids=ids[:1, t:t + 1], past_key_values=out.past_key_values, use_cache=True)
+                steps.append(out.logits[0, -1])
+            compare(f"{name} cached generate logits", torch.stack(steps), ref["generate.logits"][0, P - 1:])
+
+
 def main():
     torch.manual_seed(0)
-    preference()
-    logprobs()
+    only_rope = "--rope" in sys.argv[1:]
+    if not only_rope:
+        preference()
+        logprobs()
+    rope_scaling()
     bad = False
     for what, err in worst.items():
         print(f"{what:40s} max relative difference {err:.2e}")

@@ -4,8 +4,9 @@
 Run with Debian's PyTorch:  /usr/bin/python3 scripts/reference_models.py [--out tests/models/fixtures]
 
 For each architecture (llama, llama3 with llama3 rope scaling, mistral, qwen2 with q/k/v biases, qwen3,
-gemma2, gemma3_text) it writes a tiny random checkpoint in HuggingFace layout (config.json + model.safetensors,
-written by the standard-library safetensors writer below; mistral is sharded with an index) and reference.safetensors
+gemma2, gemma3_text; llama_yarn, qwen2_longrope and llama_dynamic for the rope scalings) it writes a tiny random
+checkpoint in HuggingFace layout (config.json + model.safetensors, written by the standard-library safetensors
+writer below; mistral is sharded with an index) and reference.safetensors
 holding the inputs (ids, positions, doc_ids, targets) and the outputs of the PyTorch model written here from the
 papers / the transformers modeling files: logits [B, T, V], the mean cross-entropy over non-ignored targets
 (-100), and the gradients of that loss w.r.t. a few weights ("grad.<hf name>").
@@ -13,6 +14,8 @@ papers / the transformers modeling files: logits [B, T, V], the mean cross-entro
 Nothing here imports transformers: the model is re-derived so that a shared misunderstanding cannot hide.
 The batch is B=2, T=11: row 0 is one document (positions 0..10), row 1 packs three documents (positions reset
 to 0 at each boundary, attention never crosses a boundary). Sliding windows are 4, so they matter.
+The rope-scaling fixtures' original context is 8 (the batch goes past it) and they add "short.logits" and
+"generate.logits" (see rope_outputs).   --only NAME... writes just those fixtures.
 """
 import argparse
 import json
@@ -56,12 +59,16 @@ def write_safetensors(path, tensors, metadata=None):
 # ---------------------------------------------------------------------------------------------------------------
 # The reference model (float64)
 # ---------------------------------------------------------------------------------------------------------------
-def rope_inv_freq(rope, dim):
-    """transformers' _compute_default/linear/llama3 rope parameters, in float64."""
-    inv = 1.0 / (rope["theta"] ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim))
+def rope_inv_freq(rope, dim, seq_len=0):
+    """transformers' _compute_*_rope_parameters, in float64: (inv_freq [dim/2], attention factor).
+
+    seq_len is the forward call's largest position + 1 (dynamic and longrope depend on it)."""
+    base = rope["theta"]
+    exponents = torch.arange(0, dim, 2, dtype=torch.float64) / dim
+    inv = 1.0 / (base ** exponents)
     kind = rope.get("type", "default")
     if kind == "linear":
-        return inv / rope["factor"]
+        return inv / rope["factor"], 1.0
     if kind == "llama3":
         factor, lo, hi, old = rope["factor"], rope["low_freq_factor"], rope["high_freq_factor"], rope["original_max"]
         low_wl, high_wl = old / lo, old / hi
@@ -70,18 +77,73 @@ def rope_inv_freq(rope, dim):
         smooth = (old / wavelen - lo) / (hi - lo)
         smoothed = (1 - smooth) * scaled / factor + smooth * scaled
         medium = (wavelen >= high_wl) & (wavelen <= low_wl)
-        return torch.where(medium, smoothed, scaled)
-    return inv
+        return torch.where(medium, smoothed, scaled), 1.0
+    if kind == "dynamic":  # NTK-aware: the base grows once the call is longer than max_position_embeddings
+        factor, trained = rope["factor"], rope["max_pos"]
+        if seq_len > trained:
+            base = base * (factor * seq_len / trained - (factor - 1)) ** (dim / (dim - 2))
+        return 1.0 / (base ** exponents), 1.0
+    if kind == "yarn":
+        factor, old = rope["factor"], rope["original_max"]
+
+        def mscale(scale, m=1.0):
+            return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
+
+        if rope.get("attention_factor") is not None:
+            attention = rope["attention_factor"]
+        elif rope.get("mscale") and rope.get("mscale_all_dim"):
+            attention = mscale(factor, rope["mscale"]) / mscale(factor, rope["mscale_all_dim"])
+        else:
+            attention = mscale(factor)
+
+        def correction_dim(rotations):  # the dimension whose wavelength fits `rotations` times in `old`
+            return dim * math.log(old / (rotations * 2 * math.pi)) / (2 * math.log(base))
+
+        low, high = correction_dim(rope.get("beta_fast") or 32), correction_dim(rope.get("beta_slow") or 1)
+        if rope.get("truncate", True):
+            low, high = math.floor(low), math.ceil(high)
+        low, high = max(low, 0), min(high, dim - 1)
+        if low == high:
+            high += 0.001
+        ramp = ((torch.arange(dim // 2, dtype=torch.float64) - low) / (high - low)).clamp(0, 1)
+        # ramp 0: the frequency is kept (extrapolated); ramp 1: divided by factor (interpolated)
+        return inv * (1 - ramp) + inv / factor * ramp, attention
+    if kind == "longrope":
+        old = rope["original_max"]
+        ext = torch.tensor(rope["long_factor"] if seq_len > old else rope["short_factor"], dtype=torch.float64)
+        factor = rope.get("factor") or rope["max_pos"] / old
+        attention = rope.get("attention_factor")
+        if attention is None:
+            attention = math.sqrt(1 + math.log(factor) / math.log(old)) if factor > 1 else 1.0
+        return inv / ext, attention
+    return inv, 1.0
 
 
-def apply_rope(x, positions, inv_freq):
-    """x [B, T, H, D], half-split pairs (i, i + D/2) as transformers' rotate_half."""
-    ang = positions.to(torch.float64)[..., None] * inv_freq  # [B, T, D/2]
-    cos = torch.cat([ang.cos(), ang.cos()], -1)[:, :, None, :].to(x.dtype)  # float64 angles, x's dtype after
-    sin = torch.cat([ang.sin(), ang.sin()], -1)[:, :, None, :].to(x.dtype)
-    half = x.shape[-1] // 2
-    rot = torch.cat([-x[..., half:], x[..., :half]], -1)
-    return x * cos + rot * sin
+def apply_rope(x, positions, inv_freq, attention=1.0):
+    """x [B, T, H, D], half-split pairs (i, i + R/2) of the first R = 2 * inv_freq size dims as transformers'
+    rotate_half; cos and sin times the attention factor. inv_freq: [R/2], or [B, T, R/2] per token."""
+    ang = positions.to(torch.float64)[..., None] * inv_freq  # [B, T, R/2]
+    cos = (torch.cat([ang.cos(), ang.cos()], -1) * attention)[:, :, None, :].to(x.dtype)
+    sin = (torch.cat([ang.sin(), ang.sin()], -1) * attention)[:, :, None, :].to(x.dtype)
+    R = cos.shape[-1]
+    xr, rest = x[..., :R], x[..., R:]
+    rot = torch.cat([-xr[..., R // 2:], xr[..., :R // 2]], -1)
+    return torch.cat([xr * cos + rot * sin, rest], -1)
+
+
+def rope_tables(rope, dim, positions, token_seq_len):
+    """Per-layer frequencies for a forward call: one table for the call's length (transformers' seq_len = the
+    largest position + 1), or, with token_seq_len [B, T], each token's own (the KV-cache timeline, where a token's
+    key keeps the rotation of the call that computed it)."""
+    if token_seq_len is None:
+        return rope_inv_freq(rope, dim, int(positions.max()) + 1)
+    B, T = positions.shape
+    table = torch.zeros(B, T, dim // 2)
+    attention = 1.0
+    for b in range(B):
+        for t in range(T):
+            table[b, t], attention = rope_inv_freq(rope, dim, int(token_seq_len[b, t]))
+    return table, attention
 
 
 def rms_norm(x, w, eps, one_plus):
@@ -104,7 +166,7 @@ def linear(p, name, x, bias):
     return y + p[name + ".bias"] if bias else y
 
 
-def forward(spec, p, ids, positions, doc_ids):
+def forward(spec, p, ids, positions, doc_ids, token_seq_len=None):
     a = spec["arch"]
     B, T = ids.shape
     H, KV, D = a["heads"], a["kv_heads"], a["head_dim"]
@@ -129,8 +191,8 @@ def forward(spec, p, ids, positions, doc_ids):
         if a["qk_norm"]:
             q = rms_norm(q, p[pre + "self_attn.q_norm.weight"], a["eps"], one_plus)
             k = rms_norm(k, p[pre + "self_attn.k_norm.weight"], a["eps"], one_plus)
-        inv = rope_inv_freq(a["ropes"][l], D)
-        q, k = apply_rope(q, positions, inv), apply_rope(k, positions, inv)
+        inv, attention = rope_tables(a["ropes"][l], a.get("rotary_dim", D), positions, token_seq_len)
+        q, k = apply_rope(q, positions, inv, attention), apply_rope(k, positions, inv, attention)
         rep = H // KV
         k = k.repeat_interleave(rep, dim=2)
         v = v.repeat_interleave(rep, dim=2)
@@ -248,7 +310,60 @@ def fixtures():
                 arch(3, gemma=True, tied=True, head_dim=16, act="gelu_pytorch_tanh", qk_norm=True,
                      attn_scale=16 ** -0.5, windows=[WINDOW, 0, WINDOW], eps=1e-6,
                      ropes=[g3_local, g3_global, g3_local]), {}))
+    out += rope_scaling_fixtures(arch)
     return out
+
+
+ORIGINAL = 8  # the rope-scaling fixtures' original context: the batch (T = 11) goes past it, the packed row not
+PROMPT = 6    # cache timeline of the "generate.*" outputs: a prompt of 6, then one token per call
+
+
+def rope_scaling_fixtures(arch):
+    """yarn, longrope and dynamic rope scaling, each past its original length (extra outputs: see rope_outputs)."""
+    out = []
+    # YaRN (DeepSeek-style mscale / mscale_all_dim attention factor), head_dim 16; betas below 1 and
+    # truncate false put the ramp's ends between dimensions 2 and 5.
+    yarn = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": ORIGINAL, "beta_fast": 0.05,
+            "beta_slow": 0.01, "mscale": 1.0, "mscale_all_dim": 0.5, "truncate": False}
+    yarn_ref = {"theta": 10000.0, "type": "yarn", "factor": 4.0, "original_max": ORIGINAL, "beta_fast": 0.05,
+                "beta_slow": 0.01, "mscale": 1.0, "mscale_all_dim": 0.5, "truncate": False}
+    out.append(("llama_yarn", base_config("llama", "LlamaForCausalLM", 2, hidden_act="silu", rope_theta=10000.0,
+                                          max_position_embeddings=4 * ORIGINAL, rope_scaling=yarn, head_dim=16,
+                                          tie_word_embeddings=False),
+                arch(2, head_dim=16, ropes=[yarn_ref] * 2), {"rope_outputs": True}))
+    # LongRoPE (Phi-3 style: no factor, so the attention factor comes from max_position_embeddings / original),
+    # in the new rope_parameters form on qwen2.
+    short, long = [1.0, 1.1, 1.3, 1.7], [1.0, 1.9, 3.5, 6.0]
+    longrope = {"rope_type": "longrope", "rope_theta": 10000.0, "short_factor": short, "long_factor": long,
+                "original_max_position_embeddings": ORIGINAL}
+    longrope_ref = {"theta": 10000.0, "type": "longrope", "short_factor": short, "long_factor": long,
+                    "original_max": ORIGINAL, "max_pos": 4 * ORIGINAL}
+    out.append(("qwen2_longrope", base_config("qwen2", "Qwen2ForCausalLM", 2, hidden_act="silu",
+                                              max_position_embeddings=4 * ORIGINAL, rope_parameters=longrope,
+                                              tie_word_embeddings=True, use_sliding_window=False),
+                arch(2, qkv_bias=True, tied=True, ropes=[longrope_ref] * 2), {"rope_outputs": True}))
+    # Dynamic NTK (legacy key "type"): scales past max_position_embeddings itself.
+    dynamic_ref = {"theta": 10000.0, "type": "dynamic", "factor": 3.0, "max_pos": ORIGINAL}
+    out.append(("llama_dynamic", base_config("llama", "LlamaForCausalLM", 2, hidden_act="silu", rope_theta=10000.0,
+                                             max_position_embeddings=ORIGINAL,
+                                             rope_scaling={"type": "dynamic", "factor": 3.0},
+                                             tie_word_embeddings=False),
+                arch(2, ropes=[dynamic_ref] * 2), {"rope_outputs": True}))
+    return out
+
+
+def rope_outputs(a, p, ids, positions, doc_ids):
+    """Length-dependent rope checks: "short.logits" is the packed row 1 alone (largest position 4, within the
+    original length: longrope's short factors, dynamic unscaled); "generate.logits" is row 0 on the KV-cache
+    timeline of transformers' generate (prompt of PROMPT tokens in one call, then one token per call; each key
+    keeps the rotation of its call)."""
+    with torch.no_grad():
+        short = forward({"arch": a}, p, ids[1:].long(), positions[1:], doc_ids[1:])
+        T = ids.shape[1]
+        seq_len = torch.tensor([[PROMPT if t < PROMPT else t + 1 for t in range(T)]])
+        gen = forward({"arch": a}, p, ids[:1].long(), positions[:1], doc_ids[:1], token_seq_len=seq_len)
+    return {"short.logits": short.float(), "generate.logits": gen.float(),
+            "generate.prompt_len": torch.tensor([PROMPT], dtype=torch.int32)}
 
 
 def make_params(a, gen):
@@ -361,6 +476,8 @@ def write_fixture(root, name, cfg, a, opts, seed):
            "logits": logits.detach().float(), "loss": loss.detach().reshape(1).float()}
     for n in wanted:
         ref["grad." + n] = p[n].grad.float()
+    if opts.get("rope_outputs"):
+        ref.update(rope_outputs(a, p, ids, positions, doc_ids))
     write_safetensors(os.path.join(d, "reference.safetensors"), ref,
                       {"loss_f64": repr(loss.item()), "eval_loss_row0_f64": repr(eval_loss.item()),
                        "generator": "scripts/reference_models.py"})
@@ -371,10 +488,12 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     here = os.path.dirname(os.path.abspath(__file__))
     ap.add_argument("--out", default=os.path.join(here, "..", "tests", "models", "fixtures"))
+    ap.add_argument("--only", nargs="*", help="write only these fixtures (the others keep their files)")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     for seed, (name, cfg, a, opts) in enumerate(fixtures()):
-        write_fixture(args.out, name, cfg, a, opts, 1234 + seed)
+        if not args.only or name in args.only:
+            write_fixture(args.out, name, cfg, a, opts, 1234 + seed)
 
 
 if __name__ == "__main__":

@@ -2,7 +2,8 @@
 // Rotary embedding of dense x [B, T, H, D] at positions i32 [B, T] with inv_freq f32 [R/2]; one invocation per
 // rotated pair (one angle, its sin and cos, for both outputs) or per dim past the rotated ones. angle = float(pos) * inv_freq[i] in f32 (as HF computes it), reduced to [-pi, pi] in two steps
 // before cos/sin so large positions stay accurate on GPUs whose sin/cos are only good near 0.
-// half_split pairs (i, i + R/2); interleaved pairs (2i, 2i + 1); dims >= R pass through; inverse rotates by -angle.
+// half_split pairs (i, i + R/2); interleaved pairs (2i, 2i + 1); dims >= R pass through; inverse rotates by -angle;
+// cos and sin are multiplied by scale (transformers' attention_scaling of yarn and longrope).
 // vec (half_split with R/2 and D - R multiples of 4, offsets too): a unit is 4 pairs (or 4 pass-through dims), read
 // and written 4 elements at a time.
 #include "common/common.glsl"
@@ -21,13 +22,14 @@ layout(push_constant) uniform Push {
   uint dtypes;          // x | y << 4
   uint interleaved, inverse;
   uint vec;
+  float scale;
 } p;
 
 void sincos_reduced(float a, out float s, out float c) {
   float k = round(a * 0.15915494309189535);  // a / (2 pi)
   float r = (a - k * 6.28125) - k * 0.0019353071795864769;  // 2 pi = 6.28125 + 0.00193530717958647...
-  s = sin(r);
-  c = cos(r);
+  s = sin(r) * p.scale;
+  c = cos(r) * p.scale;
 }
 
 // A unit of the vec path: 4 pairs (k .. k + 3, k + half_r ..) or 4 pass-through dims.

@@ -12,6 +12,7 @@
 #include "cli/commands.h"
 #include "cli/infer_options.h"
 #include "core/error.h"
+#include "infer/model_checks.h"
 #include "infer/score.h"
 
 namespace lmtune::cli {
@@ -30,7 +31,7 @@ void print_json(const nlohmann::json& j) {
 
 // Refuses records longer than the model's context (their scores would be meaningless past it).
 void check_context(const models::Decoder& decoder, const infer::ScoreRequest& r, const std::string& where) {
-  const int64_t ctx = decoder.config().max_position_embeddings;
+  const int64_t ctx = infer::model_context(decoder.config());
   const int64_t n = int64_t(r.context.size() + r.continuation.size());
   if (ctx > 0 && n > ctx)
     throw FileError(where + ": " + std::to_string(n) + " tokens exceed the model's context (" + std::to_string(ctx) +

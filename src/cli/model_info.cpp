@@ -61,7 +61,11 @@ void print_model_info(const std::string& model_dir, const ModelInfoOptions& opt)
   std::printf("  parameters      %lld (%.1fM)%s\n", (long long)params, double(params) / 1e6,
               c.tie_word_embeddings ? ", tied embeddings" : "");
   std::printf("  dtype           %s\n", stored.c_str());
-  std::printf("  rope            theta %g, %s%s\n", c.rope.theta, std::string(rope_type_name(c.rope.type)).c_str(),
+  std::string scaling(rope_type_name(c.rope.type));
+  if (c.rope.type != RopeType::standard && c.rope.type != RopeType::longrope)
+    scaling += " factor " + std::to_string(c.rope.factor);
+  if (c.rope.attention_factor != 1.0) scaling += ", attention factor " + std::to_string(c.rope.attention_factor);
+  std::printf("  rope            theta %g, %s%s\n", c.rope.theta, scaling.c_str(),
               c.rope_local ? (", sliding layers theta " + std::to_string(c.rope_local->theta)).c_str() : "");
   if (c.attn_logit_softcapping > 0 || c.final_logit_softcapping > 0)
     std::printf("  soft-capping    attention %g, final %g\n", c.attn_logit_softcapping, c.final_logit_softcapping);

@@ -123,8 +123,9 @@ Tensor rms_norm(const Tensor& x, const Tensor& weight, float eps);              
 Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, float eps);
 enum class RopeLayout { half_split, interleaved };
 // x [B, T, H, D]; positions i32 [B, T] (per-token, so packing can reset them); inv_freq f32 [R/2] rotates the
-// first R dims of each head (R = 2 * inv_freq size <= D); the rest pass through.
-Tensor rope(const Tensor& x, const Tensor& positions, const Tensor& inv_freq, RopeLayout layout);
+// first R dims of each head (R = 2 * inv_freq size <= D); the rest pass through. The rotated dims are also
+// multiplied by `scale` (transformers' attention_scaling for yarn and longrope: cos and sin times the factor).
+Tensor rope(const Tensor& x, const Tensor& positions, const Tensor& inv_freq, RopeLayout layout, float scale = 1.0f);
 // Inverted dropout (zero with probability p, else times 1 / (1 - p)), the mask a pure function of `key` and the
 // element's index: the same on every backend, and the backward pass recomputes it (core/ops/nn.cpp).
 Tensor dropout(const Tensor& x, float p, uint64_t key);

@@ -182,6 +182,10 @@ void check_expressible(const ModelConfig& c, const std::string& arch) {
     fail("rope_local_base_freq other than 10000");
   if ((arch == "qwen2" || arch == "qwen3") && c.use_sliding_window) fail("use_sliding_window");
   if (c.rope.type == RopeType::llama3 && arch != "llama") fail("llama3 rope scaling outside the llama architecture");
+  for (const LayerConfig& l : c.layers)
+    if (l.rope.type == RopeType::dynamic || l.rope.type == RopeType::yarn || l.rope.type == RopeType::longrope)
+      throw ConfigError("GGUF export: " + std::string(rope_type_name(l.rope.type)) +
+                        " rope scaling is not written to GGUF yet");
 }
 }  // namespace
 

@@ -4,7 +4,6 @@
 #include "io/hf_config.h"
 
 #include <cmath>
-#include <numbers>
 
 #include <nlohmann/json.hpp>
 
@@ -117,6 +116,19 @@ class Scope {
     if (!v->is_string()) fail(key, "expected a string, got " + json_type_name(*v));
     return v->get<std::string>();
   }
+  // A list of numbers (longrope's factors), empty when absent/null.
+  std::vector<double> num_list(const char* key) const {
+    const json* v = get(key);
+    if (!v) return {};
+    std::vector<double> out;
+    if (v->is_array())
+      for (const json& x : *v) {
+        if (!x.is_number()) break;
+        out.push_back(x.get<double>());
+      }
+    if (!v->is_array() || out.size() != v->size()) fail(key, "expected a list of numbers, got " + v->dump());
+    return out;
+  }
   // A nested object, or an empty scope when absent/null.
   Scope sub(const char* key) const {
     const json* v = get(key);
@@ -154,10 +166,80 @@ Activation parse_activation(const Scope& s, const char* key, const std::string& 
   s.fail(key, "unsupported activation '" + name + "' (supported: silu, gelu_pytorch_tanh, gelu_new, gelu)");
 }
 
+// What a rope dict is read against: the model's settings outside it.
+struct RopeContext {
+  double theta;                  // rope_theta outside the dict
+  int64_t max_position_embeddings;
+  int64_t rotary_dim;
+  // The scope holding the dict (null for per-layer-type dicts): its original_max_position_embeddings (Phi-3
+  // style) overrides the dict's for yarn and longrope in transformers when one dict serves all layers.
+  const Scope* outer;
+};
+
+// transformers' get_mscale of yarn.
+double yarn_mscale(double scale, double mscale) { return scale <= 1 ? 1.0 : 0.1 * mscale * std::log(scale) + 1.0; }
+
+// yarn and longrope: original_max_position_embeddings as transformers' standardize_rope_params settles it.
+int64_t original_max_pos(const Scope& d, const RopeContext& ctx) {
+  const char* key = "original_max_position_embeddings";
+  const Scope& from = ctx.outer && ctx.outer->has(key) ? *ctx.outer : d;
+  int64_t omp = from.opt_int(key).value_or(ctx.max_position_embeddings);
+  if (omp <= 0) from.fail(key, "must be positive");
+  return omp;
+}
+
+double positive(const Scope& d, const char* key, double v) {
+  if (!std::isfinite(v) || !(v > 0)) d.fail(key, "must be positive, got " + std::to_string(v));
+  return v;
+}
+
+void parse_yarn(const Scope& d, const RopeContext& ctx, RopeConfig& r) {
+  r.original_max_pos = original_max_pos(d, ctx);
+  // transformers indexes factor (a missing key is an error) but takes null as max_position_embeddings / original.
+  if (!d.contains("factor")) d.fail("factor", "missing (required for rope type 'yarn')");
+  r.factor = positive(d, "factor", d.opt_num("factor").value_or(double(ctx.max_position_embeddings) /
+                                                                  double(r.original_max_pos)));
+  if (auto af = d.opt_num("attention_factor")) {
+    r.attention_factor = positive(d, "attention_factor", *af);
+  } else {
+    double mscale = d.opt_num("mscale").value_or(0), mscale_all_dim = d.opt_num("mscale_all_dim").value_or(0);
+    r.attention_factor = mscale != 0 && mscale_all_dim != 0
+                             ? yarn_mscale(r.factor, mscale) / yarn_mscale(r.factor, mscale_all_dim)
+                             : yarn_mscale(r.factor, 1.0);
+    positive(d, "mscale", r.attention_factor);
+  }
+  // `beta_fast or 32`: zero or null take the paper's defaults too.
+  double fast = d.opt_num("beta_fast").value_or(0), slow = d.opt_num("beta_slow").value_or(0);
+  r.beta_fast = positive(d, "beta_fast", fast != 0 ? fast : 32.0);
+  r.beta_slow = positive(d, "beta_slow", slow != 0 ? slow : 1.0);
+  r.truncate = d.opt_bool("truncate").value_or(true);
+}
+
+void parse_longrope(const Scope& d, const RopeContext& ctx, RopeConfig& r) {
+  r.original_max_pos = original_max_pos(d, ctx);
+  const size_t n = size_t(ctx.rotary_dim / 2);
+  for (const char* key : {"short_factor", "long_factor"}) {
+    std::vector<double> f = d.num_list(key);
+    if (f.empty() && !d.has(key)) d.fail(key, "missing (required for rope type 'longrope')");
+    if (f.size() != n)
+      d.fail(key, "has " + std::to_string(f.size()) + " entries; expected " + std::to_string(n) +
+                      " (rotary dimension / 2)");
+    for (double v : f) positive(d, key, v);
+    (std::string_view(key) == "short_factor" ? r.short_factor : r.long_factor) = std::move(f);
+  }
+  // factor only sets the default attention factor (Phi-3 leaves it out: max_position_embeddings / original).
+  double factor = d.opt_num("factor").value_or(double(ctx.max_position_embeddings) / double(r.original_max_pos));
+  if (auto af = d.opt_num("attention_factor")) {
+    r.attention_factor = positive(d, "attention_factor", *af);
+  } else if (factor > 1) {
+    r.attention_factor = std::sqrt(1 + std::log(factor) / std::log(double(r.original_max_pos)));
+  }
+}
+
 // One rope dict: rope_scaling (old form, theta given separately) or a rope_parameters entry.
-RopeConfig parse_rope(const Scope& d, double theta) {
+RopeConfig parse_rope(const Scope& d, const RopeContext& ctx) {
   RopeConfig r;
-  r.theta = d.opt_num("rope_theta").value_or(theta);
+  r.theta = d.opt_num("rope_theta").value_or(ctx.theta);
   if (!(r.theta > 0)) d.fail("rope_theta", "must be positive");
   // transformers reads rope_type, falling back to the legacy key "type".
   const char* type_key = d.has("rope_type") ? "rope_type" : "type";
@@ -183,8 +265,19 @@ RopeConfig parse_rope(const Scope& d, double theta) {
     if (!omp) d.fail("original_max_position_embeddings", "missing (required for rope type 'llama3')");
     if (*omp <= 0) d.fail("original_max_position_embeddings", "must be positive");
     r.original_max_pos = *omp;
+  } else if (type == "dynamic") {
+    r.type = RopeType::dynamic;
+    r.factor = factor("factor");
+    r.original_max_pos = ctx.max_position_embeddings;
+  } else if (type == "yarn") {
+    r.type = RopeType::yarn;
+    parse_yarn(d, ctx, r);
+  } else if (type == "longrope") {
+    r.type = RopeType::longrope;
+    parse_longrope(d, ctx, r);
   } else {
-    d.fail(type_key, "unsupported rope type '" + type + "' (supported: default, linear, llama3)");
+    d.fail(type_key,
+           "unsupported rope type '" + type + "' (supported: default, linear, llama3, dynamic, yarn, longrope)");
   }
   return r;
 }
@@ -200,15 +293,6 @@ const ModelDefaults& find_model(const Scope& top, const std::string& model_type)
 
 }  // namespace
 
-std::string_view rope_type_name(RopeType t) {
-  switch (t) {
-    case RopeType::standard: return "default";
-    case RopeType::linear: return "linear";
-    case RopeType::llama3: return "llama3";
-  }
-  return "?";
-}
-
 std::string_view activation_name(Activation a) {
   switch (a) {
     case Activation::silu: return "silu";
@@ -222,49 +306,6 @@ const std::vector<std::string>& supported_model_types() {
   static const std::vector<std::string> types = {"llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3_text",
                                                  "gemma3"};
   return types;
-}
-
-std::vector<float> rope_inv_freq(const RopeConfig& rope, int rotary_dim) {
-  if (rotary_dim <= 0 || rotary_dim % 2 != 0)
-    throw ConfigError("rope: rotary dimension must be positive and even, got " + std::to_string(rotary_dim));
-  // Arithmetic follows transformers' f32 tensor code step by step (python scalars become f32 operands).
-  // base^exponent is computed in double and rounded, so results are platform-independent; checked against
-  // torch 1.13 for Llama-3.2 (llama3) and theta 1e6 / dim 128: bit-identical but one value 1 ulp apart.
-  const int half = rotary_dim / 2;
-  std::vector<float> inv(size_t(half), 0.0f);
-  const float base = float(rope.theta);
-  for (int i = 0; i < half; ++i) {
-    float exponent = float(2 * i) / float(rotary_dim);
-    inv[size_t(i)] = 1.0f / float(std::pow(double(base), double(exponent)));
-  }
-  if (rope.type == RopeType::linear) {
-    // Linear scaling divides positions by factor; rotating by (p / factor) * f equals p * (f / factor).
-    for (float& f : inv) f /= float(rope.factor);
-  } else if (rope.type == RopeType::llama3) {
-    const float factor = float(rope.factor);
-    const float low = float(rope.low_freq_factor);
-    const double old_len = double(rope.original_max_pos);
-    const float low_freq_wavelen = float(old_len / rope.low_freq_factor);
-    const float high_freq_wavelen = float(old_len / rope.high_freq_factor);
-    const float two_pi = float(2.0 * std::numbers::pi);
-    for (float& f : inv) {
-      float wavelen = two_pi / f;
-      if (wavelen > low_freq_wavelen) {
-        f = f / factor;  // low frequencies: fully interpolated
-      } else if (!(wavelen < high_freq_wavelen)) {
-        // Medium frequencies: blend between interpolated and original.
-        float smooth = (float(old_len) / wavelen - low) / float(rope.high_freq_factor - rope.low_freq_factor);
-        f = (1.0f - smooth) * f / factor + smooth * f;
-      }  // high frequencies: unchanged
-    }
-  }
-  if (!rope.freq_factors.empty()) {
-    if (rope.freq_factors.size() != inv.size())
-      throw ConfigError("rope: " + std::to_string(rope.freq_factors.size()) + " frequency factors for " +
-                        std::to_string(inv.size()) + " frequencies");
-    for (size_t i = 0; i < inv.size(); ++i) inv[i] /= rope.freq_factors[i];
-  }
-  return inv;
 }
 
 ModelConfig parse_model_config(std::string_view json_text, const std::string& where) {
@@ -379,17 +420,19 @@ ModelConfig parse_model_config(std::string_view json_text, const std::string& wh
   }
 
   // ---- rotary embedding ----
-  const double theta = s.opt_num("rope_theta").value_or(d.rope_theta);
+  RopeContext rope_ctx{s.opt_num("rope_theta").value_or(d.rope_theta), c.max_position_embeddings, c.rotary_dim, &s};
   if (s.has("rope_parameters")) {
     Scope rp = s.sub("rope_parameters");
     if (rp.has("full_attention") || rp.has("sliding_attention")) {
-      c.rope = parse_rope(rp.sub("full_attention"), theta);
-      if (rp.has("sliding_attention")) c.rope_local = parse_rope(rp.sub("sliding_attention"), theta);
+      RopeContext per_type = rope_ctx;
+      per_type.outer = nullptr;  // transformers only fills in max_position_embeddings here
+      c.rope = parse_rope(rp.sub("full_attention"), per_type);
+      if (rp.has("sliding_attention")) c.rope_local = parse_rope(rp.sub("sliding_attention"), per_type);
     } else {
-      c.rope = parse_rope(rp, theta);
+      c.rope = parse_rope(rp, rope_ctx);
     }
   } else {
-    c.rope = parse_rope(s.sub("rope_scaling"), theta);
+    c.rope = parse_rope(s.sub("rope_scaling"), rope_ctx);
   }
   if (d.local_rope && !c.rope_local) {
     RopeConfig local;

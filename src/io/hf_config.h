@@ -14,26 +14,41 @@
 namespace lmtune {
 
 // Rotary embedding frequency schemes (transformers' rope_type). `standard` is transformers' "default".
-enum class RopeType { standard, linear, llama3 };
-std::string_view rope_type_name(RopeType t);  // "default", "linear", "llama3"
+enum class RopeType { standard, linear, llama3, dynamic, yarn, longrope };
+std::string_view rope_type_name(RopeType t);  // "default", "linear", "llama3", "dynamic", "yarn", "longrope"
 
 struct RopeConfig {
   double theta = 10000.0;         // rope_theta (base)
   RopeType type = RopeType::standard;
-  double factor = 1.0;            // linear, llama3
+  double factor = 1.0;            // linear, llama3, dynamic, yarn (longrope: only through attention_factor)
   double low_freq_factor = 1.0;   // llama3
   double high_freq_factor = 4.0;  // llama3
-  int64_t original_max_pos = 0;   // llama3: original_max_position_embeddings
+  // llama3, yarn, longrope: original_max_position_embeddings; dynamic: max_position_embeddings (the length past
+  // which the base grows; transformers' dynamic NTK reads that, not the original length).
+  int64_t original_max_pos = 0;
+  // yarn, longrope: cos and sin are multiplied by this (transformers' attention_scaling), resolved from the
+  // config as transformers does (attention_factor, else from factor / mscale / mscale_all_dim); 1 otherwise.
+  double attention_factor = 1.0;
+  double beta_fast = 32.0, beta_slow = 1.0;  // yarn: the ramp between extrapolated and interpolated frequencies
+  bool truncate = true;                      // yarn: round the ramp's ends to whole dimensions
+  std::vector<double> short_factor, long_factor;  // longrope: one per frequency (rotary_dim / 2)
   // llama.cpp's rope_freqs.weight (GGUF models only): frequency i is divided by freq_factors[i]; empty = none.
   std::vector<float> freq_factors;
   bool operator==(const RopeConfig&) const = default;
 };
 
+// Whether a forward call's frequencies depend on its longest sequence (dynamic, longrope): transformers
+// recomputes them from seq_len = the largest position in the call + 1.
+bool rope_depends_on_length(const RopeConfig& rope);
+
 // Inverse frequencies [rotary_dim / 2] for positions, in f32 as transformers computes them
 // (_compute_default_rope_parameters, _compute_linear_scaling_rope_parameters as inv_freq / factor,
-// _compute_llama3_parameters), then divided by rope.freq_factors where given. Throws ConfigError if rotary_dim is
-// not positive and even or freq_factors has another length than rotary_dim / 2.
-std::vector<float> rope_inv_freq(const RopeConfig& rope, int rotary_dim);
+// _compute_llama3_parameters, _compute_dynamic_ntk_parameters, _compute_yarn_parameters,
+// _compute_longrope_parameters), then divided by rope.freq_factors where given. `seq_len` is the forward call's
+// largest position + 1: dynamic grows its base once seq_len passes original_max_pos, longrope takes long_factor
+// then (short_factor otherwise); the other types ignore it. Throws ConfigError if rotary_dim is not positive and
+// even, or freq_factors / short_factor / long_factor have another length than rotary_dim / 2.
+std::vector<float> rope_inv_freq(const RopeConfig& rope, int rotary_dim, int64_t seq_len = 0);
 
 enum class Activation { silu, gelu_tanh, gelu_erf };  // silu | gelu_pytorch_tanh, gelu_new | gelu
 std::string_view activation_name(Activation a);

@@ -275,17 +275,46 @@ Decoder::Decoder(ModelConfig config, DecoderWeights weights, DType compute_dtype
     throw ConfigError("decoder: " + std::to_string(weights_.layers.size()) + " layers of weights for a config with " +
                       std::to_string(config_.num_hidden_layers) + " layers");
   // Layers with the same rope settings share one inverse-frequency tensor.
+  auto upload = [&](const RopeConfig& rope, int64_t seq_len) {
+    std::vector<float> f = rope_inv_freq(rope, int(config_.rotary_dim), seq_len);
+    return Tensor::from_floats(f, {int64_t(f.size())}, DType::f32, device());
+  };
   for (size_t i = 0; i < config_.layers.size(); ++i) {
     const RopeConfig& rope = config_.layers[i].rope;
-    Tensor shared;
-    for (size_t j = 0; j < i && !shared.defined(); ++j)
-      if (config_.layers[j].rope == rope) shared = inv_freq_[j];
-    if (!shared.defined()) {
-      std::vector<float> f = rope_inv_freq(rope, int(config_.rotary_dim));
-      shared = Tensor::from_floats(f, {int64_t(f.size())}, DType::f32, device());
-    }
-    inv_freq_.push_back(shared);
+    size_t j = 0;
+    while (j < i && !(config_.layers[j].rope == rope)) ++j;
+    inv_freq_.push_back(j < i ? inv_freq_[j] : upload(rope, 0));
+    Tensor long_freq;
+    if (rope.type == RopeType::longrope)
+      long_freq = j < i ? long_inv_freq_[j] : upload(rope, rope.original_max_pos + 1);
+    long_inv_freq_.push_back(long_freq);
+    length_dependent_rope_ = length_dependent_rope_ || rope_depends_on_length(rope);
   }
+}
+
+std::vector<Tensor> Decoder::call_frequencies(const Tensor& positions) const {
+  if (!length_dependent_rope_) return inv_freq_;
+  // transformers' seq_len: the largest position over the whole batch (packed rows included) + 1.
+  int64_t seq_len = 0;
+  for (int32_t p : positions.to_ints()) seq_len = std::max<int64_t>(seq_len, int64_t(p) + 1);
+  std::vector<Tensor> out = inv_freq_;
+  for (size_t i = 0; i < out.size(); ++i) {
+    const RopeConfig& rope = config_.layers[i].rope;
+    if (seq_len <= rope.original_max_pos) continue;  // both types keep their initial frequencies
+    if (rope.type == RopeType::longrope) {
+      out[i] = long_inv_freq_[i];
+    } else if (rope.type == RopeType::dynamic) {
+      size_t j = 0;  // layers with the same rope share this call's tensor
+      while (j < i && !(config_.layers[j].rope == rope)) ++j;
+      if (j < i) {
+        out[i] = out[j];
+      } else {
+        std::vector<float> f = rope_inv_freq(rope, int(config_.rotary_dim), seq_len);
+        out[i] = Tensor::from_floats(f, {int64_t(f.size())}, DType::f32, device());
+      }
+    }
+  }
+  return out;
 }
 
 Tensor Decoder::norm(const Tensor& x, const Tensor& weight) const {
@@ -295,7 +324,7 @@ Tensor Decoder::norm(const Tensor& x, const Tensor& weight) const {
   return ops::rms_norm(x, w, float(config_.rms_norm_eps));
 }
 
-Tensor Decoder::layer_forward(int index, const Tensor& x, const Tensor& positions,
+Tensor Decoder::layer_forward(int index, const Tensor& x, const Tensor& positions, const Tensor& inv_freq,
                               const ForwardOptions& options) const {
   const LayerWeights& w = weights_.layers[size_t(index)];
   const LayerConfig& lc = config_.layers[size_t(index)];
@@ -311,9 +340,10 @@ Tensor Decoder::layer_forward(int index, const Tensor& x, const Tensor& position
     q = norm(q, w.attn.q_norm);
     k = norm(k, w.attn.k_norm);
   }
-  const Tensor& inv_freq = inv_freq_[size_t(index)];
-  q = ops::rope(q, positions, inv_freq, ops::RopeLayout::half_split);
-  k = ops::rope(k, positions, inv_freq, ops::RopeLayout::half_split);
+  // yarn and longrope scale cos and sin by their attention factor (transformers' attention_scaling).
+  const float rope_scale = float(lc.rope.attention_factor);
+  q = ops::rope(q, positions, inv_freq, ops::RopeLayout::half_split, rope_scale);
+  k = ops::rope(k, positions, inv_freq, ops::RopeLayout::half_split, rope_scale);
 
   ops::AttentionOptions ao;
   ao.scale = config_.attn_scale;
@@ -375,6 +405,7 @@ Tensor Decoder::forward_hidden(const Tensor& ids, const Tensor& positions, const
   Tensor x = ops::cast(ops::embedding(weights_.embed, ids), compute_dtype_);
   if (config_.embed_scale != 1.0f) x = ops::scale(x, round_to(config_.embed_scale, compute_dtype_));
 
+  const std::vector<Tensor> inv_freq = call_frequencies(positions);
   const bool checkpointing = options.checkpoint_layers && grad_enabled() && !options.cache;
   const int layers = int(weights_.layers.size());
   for (int i = 0; i < layers; ++i) {
@@ -383,14 +414,14 @@ Tensor Decoder::forward_hidden(const Tensor& ids, const Tensor& positions, const
       ForwardOptions opt = options;
       opt.cache = nullptr;
       opt.checkpoint_layers = false;
-      Fn layer = [this, i, positions, opt](const std::vector<Tensor>& in) {
-        return std::vector<Tensor>{layer_forward(i, in[0], positions, opt)};
+      Fn layer = [this, i, positions, freq = inv_freq[size_t(i)], opt](const std::vector<Tensor>& in) {
+        return std::vector<Tensor>{layer_forward(i, in[0], positions, freq, opt)};
       };
       // Parameters (adapters) are captured, not passed: checkpoint's backward gives captured leaves their
       // gradients even below the first trainable layer, where x itself needs none.
       x = checkpoint(layer)({x})[0];
     } else {
-      x = layer_forward(i, x, positions, options);
+      x = layer_forward(i, x, positions, inv_freq[size_t(i)], options);
     }
   }
   if (options.cache) options.cache->advance(ids.dim(1));

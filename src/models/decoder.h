@@ -160,13 +160,21 @@ class Decoder {
   Tensor token_losses(const Tensor& hidden, const Tensor& targets) const;
 
  private:
-  Tensor layer_forward(int index, const Tensor& x, const Tensor& positions, const ForwardOptions& options) const;
+  Tensor layer_forward(int index, const Tensor& x, const Tensor& positions, const Tensor& inv_freq,
+                       const ForwardOptions& options) const;
+  // Each layer's inverse frequencies for a call at these positions. dynamic and longrope rope depend on the
+  // call's largest position (read back from positions: one small device read for those types only), as
+  // transformers recomputes them per forward call; with a KV cache, cached keys keep the rotation of the call
+  // that stored them, as in transformers' generate.
+  std::vector<Tensor> call_frequencies(const Tensor& positions) const;
   Tensor norm(const Tensor& x, const Tensor& weight) const;
   ModelConfig config_;
   DecoderWeights weights_;
   DType compute_dtype_;
   DecoderPaths paths_;
-  std::vector<Tensor> inv_freq_;  // per layer, f32 [rotary_dim / 2] on the weights' device
+  std::vector<Tensor> inv_freq_;       // per layer, f32 [rotary_dim / 2] on the weights' device (short calls)
+  std::vector<Tensor> long_inv_freq_;  // per layer: longrope's long_factor frequencies, else undefined
+  bool length_dependent_rope_ = false; // some layer's frequencies depend on the call's length
 };
 
 // Positions 0..T-1 for every row: i32 [B, T].

@@ -30,6 +30,22 @@ json rope_scaling(const RopeConfig& r) {
               {"low_freq_factor", r.low_freq_factor},
               {"high_freq_factor", r.high_freq_factor},
               {"original_max_position_embeddings", r.original_max_pos}};
+    // dynamic reads max_position_embeddings (written beside it); the attention factors are written resolved.
+    case RopeType::dynamic: return {{"rope_type", "dynamic"}, {"factor", r.factor}};
+    case RopeType::yarn:
+      return {{"rope_type", "yarn"},
+              {"factor", r.factor},
+              {"original_max_position_embeddings", r.original_max_pos},
+              {"attention_factor", r.attention_factor},
+              {"beta_fast", r.beta_fast},
+              {"beta_slow", r.beta_slow},
+              {"truncate", r.truncate}};
+    case RopeType::longrope:
+      return {{"rope_type", "longrope"},
+              {"short_factor", r.short_factor},
+              {"long_factor", r.long_factor},
+              {"original_max_position_embeddings", r.original_max_pos},
+              {"attention_factor", r.attention_factor}};
   }
   return nullptr;
 }

@@ -51,7 +51,8 @@ AdapterEntry parse_adapter_entry(const std::string& spec) {
 ServedModel::ServedModel(models::Decoder decoder, Tokenizer tokenizer, ModelNames names)
     : decoder(std::move(decoder)), tokenizer(std::move(tokenizer)), names(std::move(names)) {
   if (!this->tokenizer.chat_template().empty()) chat_template = std::make_unique<ChatTemplate>(this->tokenizer);
-  context = this->decoder.config().max_position_embeddings > 0 ? this->decoder.config().max_position_embeddings : 4096;
+  const int64_t model = infer::model_context(this->decoder.config());
+  context = model > 0 ? model : 4096;
 }
 
 std::unique_ptr<ServedModel> load_served_model(const std::filesystem::path& model_dir,

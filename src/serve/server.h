@@ -43,7 +43,7 @@ struct ServedModel {
   Tokenizer tokenizer;
   std::unique_ptr<ChatTemplate> chat_template;  // null when the model has none
   ModelNames names;
-  int64_t context = 0;  // max_position_embeddings (prompt + generation)
+  int64_t context = 0;  // infer::model_context: prompt + generation
 };
 
 // Loads the base model (on the default device) and attaches each adapter under its name after checking that it

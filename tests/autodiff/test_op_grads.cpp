@@ -236,6 +236,11 @@ TEST(OpGrads, Rope) {
                      [&](const A& x) { return ref::transpose(ref::rope(x, rp, rf, layout), 1, 2); },
                      f32_input({2, 3, 2, 6}, 35));
   }
+  // Scaled (yarn / longrope attention factor): the vjp is the inverse rotation with the same scale.
+  const auto split = ops::RopeLayout::half_split;
+  check_gradients1([&](const Tensor& x) { return ops::rope(x, positions, inv_freq, split, 1.3f); },
+                   [&](const A& x) { return ref::rope(x, rp, rf, split, false, 1.3f); },
+                   f32_input({2, 3, 2, 6}, 36, Layout::strided));
 }
 
 TEST(OpGrads, EmbeddingAndBackward) {

@@ -384,12 +384,13 @@ TEST(HfConfig, ErrorsNameTheKey) {
   EXPECT_NE(msg.find("key 'model_type': missing"), std::string::npos) << msg;
   msg = config_error(with(kLlama32_1B, "\"factor\": 32.0", "\"factor\": \"big\""));
   EXPECT_NE(msg.find("config.json: key 'rope_scaling.factor': expected a number"), std::string::npos) << msg;
-  msg = config_error(with(kLlama32_1B, "\"rope_type\": \"llama3\"", "\"rope_type\": \"yarn\""));
-  EXPECT_NE(msg.find("key 'rope_scaling.rope_type': unsupported rope type 'yarn'"), std::string::npos) << msg;
+  msg = config_error(with(kLlama32_1B, "\"rope_type\": \"llama3\"", "\"rope_type\": \"su\""));
+  EXPECT_NE(msg.find("key 'rope_scaling.rope_type': unsupported rope type 'su' (supported: default, linear, llama3, "
+                     "dynamic, yarn, longrope)"), std::string::npos) << msg;
   msg = config_error(with(kLlama32_1B, "\"original_max_position_embeddings\": 8192,", ""));
   EXPECT_NE(msg.find("key 'rope_scaling.original_max_position_embeddings': missing"), std::string::npos) << msg;
-  msg = config_error(with(kLlama2_7B, "\"rope_scaling\": null", "\"rope_scaling\": {\"type\": \"dynamic\", \"factor\": 2.0}"));
-  EXPECT_NE(msg.find("key 'rope_scaling.type': unsupported rope type 'dynamic'"), std::string::npos) << msg;
+  msg = config_error(with(kLlama2_7B, "\"rope_scaling\": null", "\"rope_scaling\": {\"type\": \"proportional\"}"));
+  EXPECT_NE(msg.find("key 'rope_scaling.type': unsupported rope type 'proportional'"), std::string::npos) << msg;
   msg = config_error(with(kLlama2_7B, "\"hidden_size\": 4096", "\"hidden_size\": 4096.5"));
   EXPECT_NE(msg.find("key 'hidden_size': expected an integer, got 4096.5"), std::string::npos) << msg;
   msg = config_error(with(kLlama2_7B, "\"num_key_value_heads\": 32", "\"num_key_value_heads\": 5"));

@@ -60,7 +60,8 @@ TEST_P(KvCacheDecode, GreedyDecodeMatchesFullRecompute) {
 std::vector<std::tuple<std::string, std::string>> decode_cases() {
   std::vector<std::tuple<std::string, std::string>> out;
   for (const std::string& dev : test::test_devices())
-    for (const char* a : {"llama3", "mistral", "qwen2", "gemma2", "gemma3_text"}) out.emplace_back(a, dev);
+    for (const char* a : {"llama3", "mistral", "qwen2", "gemma2", "gemma3_text", "llama_yarn"})
+      out.emplace_back(a, dev);
   return out;
 }
 

@@ -20,8 +20,9 @@ inline std::filesystem::path fixture_dir(const std::string& name) {
 }
 
 inline const std::vector<std::string>& fixture_names() {
-  static const std::vector<std::string> names = {"llama", "llama3", "mistral", "qwen2", "qwen3", "gemma2",
-                                                 "gemma3_text"};
+  static const std::vector<std::string> names = {"llama",  "llama3",      "mistral",        "qwen2",
+                                                 "qwen3",  "gemma2",      "gemma3_text",    "llama_yarn",
+                                                 "qwen2_longrope", "llama_dynamic"};
   return names;
 }
 

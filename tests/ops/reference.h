@@ -259,9 +259,9 @@ inline Array layer_norm(const Array& x, const Array& w, const Array* b, double e
   return r;
 }
 
-// x [B, T, H, D], positions [B, T], inv_freq [R/2].
+// x [B, T, H, D], positions [B, T], inv_freq [R/2]; the rotated dims are multiplied by scale.
 inline Array rope(const Array& x, const std::vector<int64_t>& pos, const Array& inv_freq, ops::RopeLayout layout,
-                  bool inverse = false) {
+                  bool inverse = false, double scale = 1.0) {
   int64_t B = x.shape[0], T = x.shape[1], H = x.shape[2], D = x.shape[3], half = inv_freq.size();
   Array r = x;
   for (int64_t b = 0; b < B; ++b)
@@ -273,8 +273,8 @@ inline Array rope(const Array& x, const std::vector<int64_t>& pos, const Array& 
           int64_t i0 = layout == ops::RopeLayout::half_split ? i : 2 * i;
           int64_t i1 = layout == ops::RopeLayout::half_split ? i + half : 2 * i + 1;
           double x0 = x[base + i0], x1 = x[base + i1];
-          r[base + i0] = x0 * std::cos(a) - x1 * std::sin(a);
-          r[base + i1] = x1 * std::cos(a) + x0 * std::sin(a);
+          r[base + i0] = scale * (x0 * std::cos(a) - x1 * std::sin(a));
+          r[base + i1] = scale * (x1 * std::cos(a) + x0 * std::sin(a));
         }
       }
   return r;

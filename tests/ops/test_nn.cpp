@@ -102,7 +102,8 @@ TEST_P(OpTest, Rope) {
   for (DType dt : float_dtypes())
     for (auto layout : {ops::RopeLayout::half_split, ops::RopeLayout::interleaved})
       for (int64_t R : {16, 6}) {  // full and partial rotation of D = 16
-        LMTUNE_CASE(dtype_name(dt) << " layout " << int(layout) << " R " << R);
+        const float scale = R == 6 ? 1.2071f : 1.0f;  // yarn / longrope attention factor on the rotated dims
+        LMTUNE_CASE(dtype_name(dt) << " layout " << int(layout) << " R " << R << " scale " << scale);
         Tensor x = make_input({2, 7, 3, 16}, dt, dev(), 75, Layout::strided);
         std::vector<int32_t> pos;
         for (int b = 0; b < 2; ++b)
@@ -111,8 +112,9 @@ TEST_P(OpTest, Rope) {
         std::vector<float> inv;
         for (int64_t i = 0; i < R / 2; ++i) inv.push_back(float(std::pow(10000.0, -2.0 * double(i) / double(R))));
         Tensor inv_freq = Tensor::from_floats(inv, {R / 2}, DType::f32, dev());
-        Tensor y = ops::rope(x, positions, inv_freq, layout);
-        EXPECT_TRUE(close(y, ref::rope(ref::of(x), ref::ints_of(positions), ref::of(inv_freq), layout), dt));
+        Tensor y = ops::rope(x, positions, inv_freq, layout, scale);
+        EXPECT_TRUE(close(y, ref::rope(ref::of(x), ref::ints_of(positions), ref::of(inv_freq), layout, false, scale),
+                          dt));
       }
 }
 

@@ -144,8 +144,8 @@ void Rope::eval_cpu(const std::vector<Tensor>& in, std::vector<Tensor>& out) {
     for (int64_t r = r0; r < r1; ++r) {
       for (int64_t i = 0; i < half; ++i) {  // angles in f64: positions can be large
         double a = double(pos[size_t(r)]) * double(inv_freq[size_t(i)]);
-        c[i] = float(std::cos(a));
-        s[i] = float(sign * std::sin(a));
+        c[i] = float(std::cos(a)) * scale;
+        s[i] = float(sign * std::sin(a)) * scale;
       }
       cpu::load_row(xp + r * H * D * int64_t(xe), x.dtype(), 1, H * D, v.data());
       for (int64_t h = 0; h < H; ++h) {

@@ -26,6 +26,7 @@ struct RmsGradPush {
 };
 struct RopePush {
   uint32_t total, d, h, r, x_off, pos_off, freq_off, y_off, dtypes, interleaved, inverse, vec;
+  float scale;
 };
 struct EmbeddingPush {
   uint32_t total, c, v, w_off, ids_off, y_off, dtypes;
@@ -89,7 +90,7 @@ void layer_norm_rows(const Tensor& x_in, const Tensor& w_in, const Tensor& b_in,
 }
 
 void rope_apply(const Tensor& x_in, const Tensor& positions_in, const Tensor& inv_freq_in, const Tensor& y,
-                bool interleaved, bool inverse) {
+                bool interleaved, bool inverse, float scale) {
   if (y.numel() == 0) return;
   require_dense(y, "rope");
   if (x_in.ndim() != 4) throw ShapeError("vulkan rope: x must be [B, T, H, D], got " + to_string(x_in.shape()));
@@ -107,7 +108,7 @@ void rope_apply(const Tensor& x_in, const Tensor& positions_in, const Tensor& in
   const int64_t units = rows * (r / 2 + D - r) / (vec ? 4 : 1);
   RopePush p{u32(units, "rope units"), u32(D, "head dim"), u32(x.dim(2), "heads"), u32(r, "rotary dims"),
              elem_offset(x), elem_offset(pos), elem_offset(freq), elem_offset(y),
-             uint32_t(x.dtype()) | uint32_t(y.dtype()) << 4, interleaved, inverse, vec};
+             uint32_t(x.dtype()) | uint32_t(y.dtype()) << 4, interleaved, inverse, vec, scale};
   ctx.dispatch(variant(ctx, "rope"), {in(x), in(pos), in(freq), out(y)}, p, groups_1d(p.total, 256), {256});
 }
 
@@ -158,7 +159,7 @@ void LayerNorm::eval_vulkan(const std::vector<Tensor>& in, std::vector<Tensor>& 
 }
 
 void Rope::eval_vulkan(const std::vector<Tensor>& in, std::vector<Tensor>& out) {
-  vk::rope_apply(in[0], in[1], in[2], out[0], layout == ops::RopeLayout::interleaved, inverse);
+  vk::rope_apply(in[0], in[1], in[2], out[0], layout == ops::RopeLayout::interleaved, inverse, scale);
 }
 
 void Dropout::eval_vulkan(const std::vector<Tensor>& in, std::vector<Tensor>& out) {

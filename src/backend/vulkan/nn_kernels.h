@@ -23,8 +23,9 @@ void rms_norm_grad_rows(const Tensor& x, const Tensor& w, const Tensor& rstd, co
                         bool accumulate);
 void layer_norm_rows(const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& y, const Tensor& mean,
                      const Tensor& rstd, float eps);
+// scale multiplies cos and sin (ops::rope).
 void rope_apply(const Tensor& x, const Tensor& positions, const Tensor& inv_freq, const Tensor& y, bool interleaved,
-                bool inverse);
+                bool inverse, float scale = 1.0f);
 void embedding_gather(const Tensor& weight, const Tensor& ids, const Tensor& out);
 // out [V, C] = scatter-add of grad rows (grad [..., C]) into rows ids[...]; out is overwritten.
 void embedding_scatter_add(const Tensor& grad, const Tensor& ids, const Tensor& out);

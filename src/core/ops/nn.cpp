@@ -2,6 +2,8 @@
 // Norm gradients are computed in f32 from the saved input and the saved per-row statistics.
 #include "core/ops/nn.h"
 
+#include <cmath>
+
 #include "core/autodiff.h"
 #include "core/error.h"
 
@@ -170,20 +172,20 @@ std::vector<Tensor> LayerNorm::jvp(const Node& node, const std::vector<Tensor>& 
   return {ty, tmean, trstd};
 }
 
-// ---- rotary embedding: an orthogonal map, so its vjp is the inverse rotation ----
+// ---- rotary embedding: a scaled orthogonal map, so its vjp is the inverse rotation with the same scale ----
 
 std::vector<Tensor> Rope::vjp(const Node& node, const std::vector<Tensor>& cot, const std::vector<bool>& wanted) {
   if (!cot[0].defined() || !wanted[0]) return {Tensor(), Tensor(), Tensor()};
   // Kernels take contiguous x (cotangents arrive as arbitrary views).
-  Tensor g = apply1(std::make_shared<Rope>(layout, !inverse), {ops::contiguous(cot[0]), node.inputs[1], node.inputs[2]},
-                    {cot[0].shape(), cot[0].dtype()});
+  Tensor g = apply1(std::make_shared<Rope>(layout, !inverse, scale),
+                    {ops::contiguous(cot[0]), node.inputs[1], node.inputs[2]}, {cot[0].shape(), cot[0].dtype()});
   return {g, Tensor(), Tensor()};
 }
 
 std::vector<Tensor> Rope::jvp(const Node& node, const std::vector<Tensor>& t) {
   if (!t[0].defined()) return {Tensor()};
-  return {apply1(std::make_shared<Rope>(layout, inverse), {ops::contiguous(t[0]), node.inputs[1], node.inputs[2]},
-                 {t[0].shape(), node.output_dtypes[0]})};
+  return {apply1(std::make_shared<Rope>(layout, inverse, scale),
+                 {ops::contiguous(t[0]), node.inputs[1], node.inputs[2]}, {t[0].shape(), node.output_dtypes[0]})};
 }
 
 // ---- embedding and its scatter-add (each is the other's transpose) ----
@@ -247,7 +249,7 @@ Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, flo
                {{x.shape(), x.dtype()}, {rows, DType::f32}, {rows, DType::f32}})[0];
 }
 
-Tensor rope(const Tensor& x, const Tensor& positions, const Tensor& inv_freq, RopeLayout layout) {
+Tensor rope(const Tensor& x, const Tensor& positions, const Tensor& inv_freq, RopeLayout layout, float scale) {
   if (x.ndim() != 4 || !is_float(x.dtype()))
     throw ShapeError("rope: x must be a float [B, T, H, D] tensor, got " + to_string(x.shape()));
   if (positions.dtype() != DType::i32 || positions.shape() != Shape{x.dim(0), x.dim(1)})
@@ -257,8 +259,10 @@ Tensor rope(const Tensor& x, const Tensor& positions, const Tensor& inv_freq, Ro
   if (inv_freq.dtype() != DType::f32 || inv_freq.ndim() != 1 || 2 * inv_freq.dim(0) > x.dim(3))
     throw ShapeError("rope: inv_freq " + to_string(inv_freq.shape()) + " does not fit x " + to_string(x.shape()) +
                      " (expected f32 [R/2] with R <= D)");
+  if (!std::isfinite(scale) || !(scale > 0))
+    throw ShapeError("rope: scale must be positive and finite, got " + std::to_string(scale));
   Tensor xc = contiguous(x);
-  return apply1(std::make_shared<Rope>(layout, false), {xc, contiguous(positions), contiguous(inv_freq)},
+  return apply1(std::make_shared<Rope>(layout, false, scale), {xc, contiguous(positions), contiguous(inv_freq)},
                 {x.shape(), x.dtype()});
 }
 

@@ -48,12 +48,13 @@ class LayerNorm final : public Primitive {
 // (the vjp, since the rotation is orthogonal).
 class Rope final : public Primitive {
  public:
-  Rope(ops::RopeLayout layout, bool inverse) : layout(layout), inverse(inverse) {}
+  Rope(ops::RopeLayout layout, bool inverse, float scale) : layout(layout), inverse(inverse), scale(scale) {}
   const char* name() const override { return "rope"; }
   LMTUNE_PRIMITIVE_EVAL();
   LMTUNE_PRIMITIVE_VJP_JVP();
   ops::RopeLayout layout;
   bool inverse;
+  float scale;  // multiplies cos and sin: a scaled rotation, whose transpose is the inverse one, equally scaled
 };
 
 // Inverted dropout with the mask drawn from `key`: element i of x (row-major order) is zeroed with probability p
