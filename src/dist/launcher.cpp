@@ -58,6 +58,9 @@ void exec_under_mpirun(int ranks, const std::vector<std::string>& command) {
 
 std::vector<int> parse_device_list(const std::string& option, const std::string& value) {
   std::vector<int> out;
+  if (!value.empty() && value.back() == ',')
+    throw ConfigError(option + " '" + value + "': expected comma-separated device indices such as 0,1 (it ends in a "
+                      "comma)");
   std::istringstream in(value);
   for (std::string item; std::getline(in, item, ',');) {
     char* end = nullptr;
