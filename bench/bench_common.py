@@ -88,17 +88,19 @@ def to_tensor(torch, entry):
     return torch.frombuffer(bytearray(raw), dtype=kinds[dtype]).reshape(shape).clone()
 
 
-def token_batches(torch, a, vocab):
-    """[steps, B, T] int64 ids: lmtune's file, or Zipf-distributed ids (p(id) ~ 1/(id+1), as lmtune draws them,
-    though not the same ids: pass --batches for identical data)."""
+def token_batches(torch, a, vocab, ranks=1):
+    """[steps, B * ranks, T] int64 ids: lmtune's file, or Zipf-distributed ids (p(id) ~ 1/(id+1), as lmtune draws
+    them, though not the same ids: pass --batches for identical data). Rank r trains on rows [r*B, (r+1)*B), as
+    `lmtune bench train --devices` does."""
     need = a.warmup + a.steps
+    rows = a.batch * ranks
     if a.batches:
         st = read_safetensors(a.batches)
         if "input_ids" not in st:
             fail(f"--batches {a.batches}: no tensor 'input_ids'")
         ids = to_tensor(torch, st["input_ids"]).long()
-        if ids.dim() != 3 or ids.shape[1] != a.batch or ids.shape[2] != a.seq:
-            fail(f"--batches {a.batches} holds {list(ids.shape)}, --batch/--seq ask for [steps, {a.batch}, {a.seq}]")
+        if ids.dim() != 3 or ids.shape[1] != rows or ids.shape[2] != a.seq:
+            fail(f"--batches {a.batches} holds {list(ids.shape)}, --batch/--seq ask for [steps, {rows}, {a.seq}]")
         if ids.shape[0] < need:
             fail(f"--batches {a.batches} holds {ids.shape[0]} steps, --warmup + --steps need {need}")
         if int(ids.min()) < 0 or int(ids.max()) >= vocab:
@@ -106,7 +108,7 @@ def token_batches(torch, a, vocab):
         return ids
     g = torch.Generator().manual_seed(a.seed)
     probs = 1.0 / torch.arange(1, vocab + 1, dtype=torch.float64)
-    return torch.multinomial(probs, need * a.batch * a.seq, replacement=True, generator=g).reshape(need, a.batch, a.seq)
+    return torch.multinomial(probs, need * rows * a.seq, replacement=True, generator=g).reshape(need, rows, a.seq)
 
 
 def matmul_tflops(torch, device, dtype, n, sync, reps=5):
@@ -158,8 +160,11 @@ def backward_and_update(torch, loss, trainable, optimizer, phases):
 
 def run(torch, a, tool, device, sync, model_step, info):
     """The timed loop. model_step(ids, phases) runs one training step on [B, T] ids, calling phases.lap(name)
-    after the forward (loss on the host), the backward and the optimizer; it returns the loss."""
+    after the forward (loss on the host), the backward and the optimizer; it returns the loss. Under torchrun
+    (info["rank"], info["ranks"]) each rank takes its rows of every step; rank 0 reports the aggregate tokens/s
+    (all ranks' tokens over the slowest rank's time) and each rank's, and the other ranks print nothing."""
     ids_all = info["batches"]
+    rank, ranks = info.get("rank", 0), info.get("ranks", 1)
     cuda = device.type == "cuda"
     dtype = torch.bfloat16 if a.precision == "bf16" else torch.float32
     peak_n = a.peak_matmul_size if a.peak_matmul_size >= 0 else (4096 if cuda else 1024)
@@ -193,7 +198,7 @@ def run(torch, a, tool, device, sync, model_step, info):
             if cuda:
                 torch.cuda.reset_peak_memory_stats(device)
             phases.on = True
-        ids = ids_all[s].to(device)
+        ids = ids_all[s][rank * a.batch:(rank + 1) * a.batch].to(device)
         sync()
         t0 = time.perf_counter()
         phases.start()
@@ -207,7 +212,14 @@ def run(torch, a, tool, device, sync, model_step, info):
             f"{a.batch * a.seq / dt:.0f} tok/s")
     peak = torch.cuda.max_memory_allocated(device) if cuda else peak_rss_bytes()
     n = float(a.steps)
-    tokens_per_s = a.batch * a.seq * n / timed
+    per_rank = [timed]
+    if ranks > 1:
+        import torch.distributed as tdist
+        per_rank = [None] * ranks
+        tdist.all_gather_object(per_rank, timed)
+        if rank != 0:
+            return None
+    tokens_per_s = ranks * a.batch * a.seq * n / max(per_rank)
     matmul_params, fpt, fpt_lora = flops_per_token(info["config"], info["params_base"], info["embed_params"],
                                                    info["params_trainable"], a.seq)
     achieved, achieved_lora = fpt * tokens_per_s / 1e12, fpt_lora * tokens_per_s / 1e12
@@ -230,6 +242,10 @@ def run(torch, a, tool, device, sync, model_step, info):
          "given_peak_tflops": num(given), "mfu_given_peak": num(achieved / given),
          "mfu_lora_given_peak": num(achieved_lora / given), "skipped_steps": 0, "final_loss": num(losses[-1]),
          "torch": torch.__version__, "threads": torch.get_num_threads()}
+    j["ranks"] = ranks
+    if ranks > 1:
+        j["tokens_per_step"] = ranks * a.batch * a.seq
+        j["per_rank_tokens_per_s"] = [a.batch * a.seq * n / t for t in per_rank]
     j.update(info.get("extra", {}))
     if a.losses:
         j["losses"] = [num(x) for x in losses]

@@ -19,6 +19,10 @@ scales, bf16 compute; "tool": "peft+bnb-nf4"), the peer of `lmtune bench train -
 --compile runs the model under torch.compile (the default inductor backend; "tool": "peft+compile"), the one-flag
 speed-up a PyTorch user reaches for; the warm-up steps include the compilation.
 
+Under torchrun (torchrun --nproc_per_node N bench/peft_baseline.py ...) it trains with DistributedDataParallel
+(NCCL on CUDA, gloo on the CPU), one process per GPU (cuda:LOCAL_RANK), --batch rows per rank: the peer of
+`lmtune bench train --devices 0,1,...`. Rank 0 prints the aggregate tokens/s and each rank's.
+
 Runs on CUDA (device auto) or the CPU. Needs torch, transformers and peft; nothing is downloaded.
 """
 import glob
@@ -45,10 +49,20 @@ def main():
                 "on a machine without them use bench/torch_cpu_baseline.py")
     if a.threads > 0:
         torch.set_num_threads(a.threads)
+    ranks, rank, local_rank = (int(os.environ.get(k, d)) for k, d in
+                               (("WORLD_SIZE", 1), ("RANK", 0), ("LOCAL_RANK", 0)))
     if a.device == "auto":
         device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     else:
         device = torch.device(a.device)
+    if ranks > 1:
+        if a.compile or a.quantize != "none":
+            bc.fail("under torchrun, --compile and --quantize are not supported")
+        import torch.distributed as tdist
+        if device.type == "cuda":
+            device = torch.device("cuda", local_rank)
+            torch.cuda.set_device(device)
+        tdist.init_process_group("nccl" if device.type == "cuda" else "gloo")
     cuda = device.type == "cuda"
     sync = (lambda: torch.cuda.synchronize(device)) if cuda else (lambda: None)
     dtype = torch.bfloat16 if a.precision == "bf16" else torch.float32
@@ -94,22 +108,26 @@ def main():
     adapter_dtypes = sorted({str(p.dtype) for p in trainable})
     optimizer = torch.optim.AdamW(trainable, lr=a.lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0)
     cfg = config.to_dict()
-    batches = bc.token_batches(torch, a, config.vocab_size)
+    batches = bc.token_batches(torch, a, config.vocab_size, ranks)
     bc.log(f"peft: {cfg.get('model_type')} on {device}, {a.precision}, weights {weights}, batch {a.batch} x seq "
            f"{a.seq}, rank {a.rank}, checkpointing {a.grad_checkpointing}, {n_trainable} trainable ({adapter_dtypes})")
 
     forward = torch.compile(model) if a.compile else model
+    if ranks > 1:  # gradients averaged over ranks in buckets, overlapped with backward (PyTorch's defaults)
+        forward = torch.nn.parallel.DistributedDataParallel(model, device_ids=[local_rank] if cuda else None)
 
     def step(ids, phases):
         loss = forward(input_ids=ids, labels=ids, use_cache=False).loss
         return bc.backward_and_update(torch, loss, trainable, optimizer, phases)
 
     name = torch.cuda.get_device_name(device) if cuda else "cpu"
-    info = {"batches": batches, "config": cfg, "params_base": base_params, "embed_params": embed_params,
+    info = {"batches": batches, "config": cfg, "rank": rank, "ranks": ranks, "params_base": base_params, "embed_params": embed_params,
             "params_trainable": n_trainable, "device_name": f"{device} {name}",
             "extra": {"transformers": transformers.__version__, "peft": peft.__version__, "weights": weights}}
     tool = "peft" + ("+bnb-nf4" if a.quantize == "nf4" else "") + ("+compile" if a.compile else "")
-    bc.run(torch, a, tool, device, sync, step, info)
+    bc.run(torch, a, tool + (f"+ddp{ranks}" if ranks > 1 else ""), device, sync, step, info)
+    if ranks > 1:
+        torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":

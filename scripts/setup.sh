@@ -9,6 +9,7 @@ PACKAGES=(
   libvulkan-dev glslc glslang-tools mesa-vulkan-drivers vulkan-tools
   libopenblas-dev libhdf5-dev zlib1g-dev nlohmann-json3-dev libyaml-cpp-dev libspdlog-dev libcli11-dev libgtest-dev
   libpcre2-dev libutf8proc-dev libcpp-httplib-dev
+  libopenmpi-dev openmpi-bin
   nodejs npm python3
 )
 missing=()

@@ -23,6 +23,7 @@
 #include "cli/bench_timing.h"
 #include "cli/commands.h"
 #include "cli/infer_options.h"
+#include "cli/ranks.h"
 #include "core/backend.h"
 #include "core/error.h"
 #include "io/hf_config.h"
@@ -57,6 +58,7 @@ struct BenchTrainOptions {
   uint64_t seed = 42;
   bool json = false, losses = false;
   std::string save_batches, batches, init_adapter, save_init_adapter;
+  std::string devices;  // --devices: one rank per listed device (several: under mpirun)
 };
 
 void check_options(const BenchTrainOptions& o) {
@@ -126,14 +128,15 @@ Recipe bench_recipe(const BenchTrainOptions& o) {
   return r;
 }
 
-TokenBatches bench_batches(const BenchTrainOptions& o, int64_t vocab) {
+// Each step's rows: --batch per rank, rank r taking rows [r·batch, (r+1)·batch).
+TokenBatches bench_batches(const BenchTrainOptions& o, int64_t vocab, int ranks) {
   const int64_t needed = int64_t(o.warmup) + o.steps;
-  if (o.batches.empty()) return random_token_batches(vocab, needed, o.batch, o.seq, o.seed);
+  if (o.batches.empty()) return random_token_batches(vocab, needed, o.batch * ranks, o.seq, o.seed);
   TokenBatches tb = load_token_batches(o.batches, vocab);
-  if (tb.B != o.batch || tb.T != o.seq)
+  if (tb.B != o.batch * ranks || tb.T != o.seq)
     throw ConfigError("bench train: --batches " + o.batches + " holds batch " + std::to_string(tb.B) + " x seq " +
                       std::to_string(tb.T) + ", but --batch/--seq ask for " + std::to_string(o.batch) + " x " +
-                      std::to_string(o.seq));
+                      std::to_string(o.seq) + " on each of " + std::to_string(ranks) + " rank(s)");
   if (tb.steps < needed)
     throw ConfigError("bench train: --batches " + o.batches + " holds " + std::to_string(tb.steps) +
                       " steps, --warmup + --steps need " + std::to_string(needed));
@@ -169,13 +172,16 @@ double gpu_kernel_seconds(Device dev, const std::function<void()>& step) {
 
 nlohmann::json number_or_null(double x) { return std::isfinite(x) ? nlohmann::json(x) : nlohmann::json(); }
 
-void run_bench_train(const std::string& device_opt, const BenchTrainOptions& o) {
-  apply_device_option(device_opt);
+void run_bench_train(const RankSetup& setup, const BenchTrainOptions& o) {
+  apply_device_option(setup.device);
   check_options(o);
+  dist::Communicator* ranks = setup.ranks && setup.ranks->size() > 1 ? setup.ranks : nullptr;
+  const int n_ranks = ranks ? ranks->size() : 1, rank = ranks ? ranks->rank() : 0;
+  const bool root = rank == 0;
   const Device dev = default_device();
   const ModelConfig config = load_model_config(o.model);
-  const TokenBatches tb = bench_batches(o, config.vocab_size);
-  if (!o.save_batches.empty()) save_token_batches(o.save_batches, tb);
+  const TokenBatches tb = bench_batches(o, config.vocab_size, n_ranks);
+  if (root && !o.save_batches.empty()) save_token_batches(o.save_batches, tb);
   const Recipe r = bench_recipe(o);
   const DType compute = compute_dtype(r);
 
@@ -189,7 +195,7 @@ void run_bench_train(const std::string& device_opt, const BenchTrainOptions& o) 
 
   TrainableModel tm = build_trainable_model(r, dev);
   const int64_t lora_params = tm.trainable_count();
-  if (!o.save_init_adapter.empty()) {
+  if (root && !o.save_init_adapter.empty()) {
     save_peft_adapter(models::extract_peft(tm.decoder->weights(), "default", tm.lora_rank, tm.lora_alpha,
                                            tm.lora_rslora, 0.0, fs::absolute(o.model).lexically_normal().string()),
                       o.save_init_adapter);
@@ -199,48 +205,72 @@ void run_bench_train(const std::string& device_opt, const BenchTrainOptions& o) 
   LossScaler scaler = LossScaler::for_training(r.precision, dev);
   if (scaler.enabled) spdlog::info("bf16 products run on f16 tensor cores: dynamic loss scaling on");
   Backend& be = backend(dev);
-  spdlog::info("bench train: {} ({} layers) on {}, {}, batch {} x seq {}, LoRA rank {} on {}, checkpointing {}, "
+  spdlog::info("bench train: {} ({} layers) on {}, {}, batch {} x seq {}{}, LoRA rank {} on {}, checkpointing {}, "
                "{} trainable parameters; {} warm-up + {} timed steps",
                config.model_type, config.num_hidden_layers, dev.str(), dtype_name(compute), o.batch, o.seq,
-               tm.lora_rank, o.targets, o.grad_checkpointing, lora_params, o.warmup, o.steps);
+               ranks ? fmt::format(" on each of {} ranks", n_ranks) : "", tm.lora_rank, o.targets,
+               o.grad_checkpointing, lora_params, o.warmup, o.steps);
 
   StepPhaseTimes phases;
   std::vector<double> losses;
-  double timed_s = 0;
   int64_t skipped = 0;
-  auto run_step = [&](int64_t s, StepPhaseTimes* times) {
+  // One step: this rank's rows alone (with_ranks null), or every rank's, each rank running its own.
+  auto run_step = [&](int64_t s, StepPhaseTimes* times, dist::Communicator* with_ranks) {
     StepOptions so = step_options(r, s, o.lr);
     so.dropout = false;
     so.unchecked_layers = tm.unchecked_layers;
     so.phase_times = times;
-    return train_step(*tm.decoder, optimizer, scaler, {tb.batch(std::min(s, tb.steps - 1))}, so);
+    so.ranks = with_ranks;
+    const int64_t step = std::min(s, tb.steps - 1);
+    std::vector<Batch> micro;
+    if (!with_ranks) micro.push_back(tb.batch(step, int64_t(rank) * o.batch, o.batch));
+    for (int k = 0; with_ranks && k < n_ranks; ++k) micro.push_back(tb.batch(step, int64_t(k) * o.batch, o.batch));
+    return train_step(*tm.decoder, optimizer, scaler, micro, so);
   };
   const int64_t total = int64_t(o.warmup) + o.steps;
-  for (int64_t s = 0; s < total; ++s) {
-    const bool timed = s >= o.warmup;
-    if (s == o.warmup) {
-      be.synchronize();
-      be.reset_peak();
+  // W warm-up and N timed steps; returns the timed steps' wall time.
+  auto timed_run = [&](dist::Communicator* with_ranks, const char* label) {
+    double timed_s = 0;
+    losses.clear();
+    for (int64_t s = 0; s < total; ++s) {
+      const bool timed = s >= o.warmup;
+      if (s == o.warmup) {
+        be.synchronize();
+        be.reset_peak();
+      }
+      const auto t0 = Clock::now();
+      StepResult res = run_step(s, timed ? &phases : nullptr, with_ranks);
+      if (timed) be.synchronize();
+      const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
+      if (timed) timed_s += dt;
+      losses.push_back(res.loss);
+      if (!res.applied) {
+        ++skipped;
+        spdlog::warn("step {} skipped: {}", s + 1, res.skip_reason);
+      }
+      spdlog::info("{}{} step {}/{} | loss {:.4f} | {:.3f} s | {:.0f} tok/s", label, timed ? "timed" : "warm-up",
+                   s + 1, total, res.loss, dt, double(o.batch * tb.T) / std::max(dt, 1e-9));
     }
-    const auto t0 = Clock::now();
-    StepResult res = run_step(s, timed ? &phases : nullptr);
-    if (timed) be.synchronize();
-    const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
-    if (timed) timed_s += dt;
-    losses.push_back(res.loss);
-    if (!res.applied) {
-      ++skipped;
-      spdlog::warn("step {} skipped: {}", s + 1, res.skip_reason);
-    }
-    spdlog::info("{} step {}/{} | loss {:.4f} | {:.3f} s | {:.0f} tok/s", timed ? "timed" : "warm-up", s + 1, total,
-                 res.loss, dt, double(tb.B * tb.T) / std::max(dt, 1e-9));
+    return timed_s;
+  };
+  // Several ranks: rank 0 first runs alone (the one-device figure scaling is measured against), then all ranks.
+  double single_s = std::nan("");
+  if (ranks) {
+    if (root) single_s = timed_run(nullptr, "one device: ");
+    ranks->barrier();
+    phases = {};
+    skipped = 0;
   }
+  const double timed_s = timed_run(ranks, ranks ? "all ranks: " : "");
   const size_t peak_bytes = be.peak_bytes();
-  const double gpu_s = gpu_kernel_seconds(dev, [&] { run_step(total, nullptr); });
+  const double gpu_s = gpu_kernel_seconds(dev, [&] { run_step(total, nullptr, ranks); });
 
   const double n = double(o.steps);
-  const double tokens_per_step = double(tb.B * tb.T);
-  const double tokens_per_s = tokens_per_step * n / timed_s;
+  const double tokens_per_step = double(tb.B * tb.T);  // of all ranks
+  // The job's pace is its slowest rank's: every step waits for all of them in the all-reduce.
+  const std::vector<double> rank_s = ranks ? ranks->all_gather(timed_s) : std::vector<double>{timed_s};
+  const double tokens_per_s = tokens_per_step * n / *std::max_element(rank_s.begin(), rank_s.end());
+  if (!root) return;
   const Flops f = flops_per_token(config, lora_params, tb.T);
   const double achieved = f.per_token * tokens_per_s / 1e12;
   const double achieved_lora = f.per_token_lora * tokens_per_s / 1e12;
@@ -252,7 +282,7 @@ void run_bench_train(const std::string& device_opt, const BenchTrainOptions& o) 
   j["model"] = o.model;
   j["model_type"] = config.model_type;
   j["seq"] = tb.T;
-  j["batch"] = tb.B;
+  j["batch"] = o.batch;  // per rank
   j["rank"] = tm.lora_rank;
   j["alpha"] = tm.lora_alpha;
   j["targets"] = o.targets;
@@ -269,6 +299,17 @@ void run_bench_train(const std::string& device_opt, const BenchTrainOptions& o) 
   j["forward_s"] = phases.forward_s / n;
   j["backward_s"] = phases.backward_s / n;
   j["optimizer_s"] = phases.optimizer_s / n;
+  j["all_reduce_s"] = phases.all_reduce_s / n;
+  j["ranks"] = n_ranks;
+  if (ranks) {
+    nlohmann::json per_rank = nlohmann::json::array();
+    for (double t : rank_s) per_rank.push_back(double(o.batch * tb.T) * n / t);
+    const double single = double(o.batch * tb.T) * n / single_s;
+    j["per_rank_tokens_per_s"] = per_rank;
+    j["single_device_tokens_per_s"] = single;
+    j["scaling"] = tokens_per_s / single;
+    j["scaling_efficiency"] = tokens_per_s / (single * n_ranks);
+  }
   j["gpu_kernel_s"] = number_or_null(gpu_s);
   j["peak_mem_bytes"] = peak_bytes;
   j["peak_mem_kind"] = "live tensors (device allocator)";
@@ -302,7 +343,7 @@ void run_bench_train(const std::string& device_opt, const BenchTrainOptions& o) 
               config.model_type.c_str(), (long long)j["params_total"].get<int64_t>(), (long long)lora_params,
               tm.lora_rank);
   std::printf("  batch x seq     %lld x %lld, %s%s%s, checkpointing %s, %d timed steps after %d warm-up\n",
-              (long long)tb.B, (long long)tb.T, j["precision"].get<std::string>().c_str(),
+              (long long)o.batch, (long long)tb.T, j["precision"].get<std::string>().c_str(),
               o.quantize == "none" ? "" : ", base projections ", o.quantize == "none" ? "" : o.quantize.c_str(),
               o.grad_checkpointing.c_str(), o.steps, o.warmup);
   std::printf("  throughput      %.1f tokens/s, %.4f s/step (forward %.4f, backward %.4f, optimizer %.4f)\n",
@@ -315,6 +356,14 @@ void run_bench_train(const std::string& device_opt, const BenchTrainOptions& o) 
               pct(achieved / measured_peak).c_str(), measured_peak, pct(achieved / given).c_str(),
               std::isfinite(given) ? fmt::format("{:.4g} TFLOP/s", given).c_str() : "-");
   std::printf("  final loss      %.4f\n", losses.back());
+  if (ranks) {
+    std::string per_rank;
+    for (const auto& t : j["per_rank_tokens_per_s"]) per_rank += fmt::format(" {:.1f}", t.get<double>());
+    std::printf("  ranks           %d, tokens/s per rank:%s; all-reduce %.4f s/step\n", n_ranks, per_rank.c_str(),
+                phases.all_reduce_s / n);
+    std::printf("  scaling         %.2fx one device's %.1f tokens/s (efficiency %.1f%%)\n", j["scaling"].get<double>(),
+                j["single_device_tokens_per_s"].get<double>(), 100 * j["scaling_efficiency"].get<double>());
+  }
 }
 
 }  // namespace
@@ -351,7 +400,12 @@ void add_bench_train_command(CLI::App& bench, const std::string& device) {
   cmd->add_option("--batches", o->batches, "train on token batches from a file --save-batches wrote");
   cmd->add_option("--init-adapter", o->init_adapter, "start from this PEFT adapter directory");
   cmd->add_option("--save-init-adapter", o->save_init_adapter, "write the adapters as initialized (PEFT format)");
-  cmd->callback([&device, o] { run_bench_train(device, *o); });
+  cmd->add_option("--devices", o->devices,
+                  "one rank per listed device of this host, e.g. 0,1 (runs mpirun): per-rank and aggregate tokens/s "
+                  "and scaling against device 0 alone");
+  cmd->callback([&device, o] {
+    run_on_ranks(o->devices, device.empty() ? "auto" : device, [&](const RankSetup& s) { run_bench_train(s, *o); });
+  });
 }
 
 }  // namespace lmtune::cli

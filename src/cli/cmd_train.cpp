@@ -4,6 +4,7 @@
 #include <memory>
 
 #include "cli/commands.h"
+#include "cli/ranks.h"
 #include "train/recipe.h"
 #include "train/trainer.h"
 
@@ -15,6 +16,7 @@ void add_train_command(CLI::App& app, const std::string& device) {
     std::string recipe;
     std::vector<std::string> overrides;
     bool dry_run = false;
+    std::string devices;
     TrainOptions options;
   };
   auto args = std::make_shared<Args>();
@@ -27,14 +29,22 @@ void add_train_command(CLI::App& app, const std::string& device) {
                   "progress line every N steps (default: every step, at most one per 2 s in runs over 200 steps)");
   cmd->add_flag("--overwrite", args->options.overwrite,
                 "start afresh even if save.dir already holds checkpoints (they are replaced as the run saves)");
+  cmd->add_option("--devices", args->devices,
+                  "train on several devices of this host, one rank each, e.g. 0,1 (runs mpirun; docs/training.md)");
   cmd->callback([args, &device] {
     apply_device_option(device);
-    args->options.device = device;
     Recipe recipe = load_recipe(args->recipe, args->overrides);
-    if (args->dry_run)
-      dry_run(recipe, args->options);
-    else
-      train(recipe, args->options);
+    if (args->dry_run) {
+      args->options.device = device;
+      return dry_run(recipe, args->options);
+    }
+    run_on_ranks(args->devices, device.empty() ? recipe.device : device, [&](const RankSetup& setup) {
+      apply_device_option(setup.device);
+      TrainOptions options = args->options;
+      options.device = setup.device;
+      options.ranks = setup.ranks;
+      train(recipe, options);
+    });
   });
 }
 

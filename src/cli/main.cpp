@@ -7,6 +7,7 @@
 
 #include "backend/vulkan/recorder.h"
 #include "cli/commands.h"
+#include "cli/ranks.h"
 #include "core/error.h"
 
 int main(int argc, char** argv) {
@@ -23,6 +24,7 @@ int main(int argc, char** argv) {
       ->each([](const std::string& level) { spdlog::set_level(spdlog::level::from_str(level)); });
   spdlog::set_pattern("[%H:%M:%S] [%^%l%$] %v");
   lmtune::cli::add_commands(app, device);
+  lmtune::cli::set_command_line(argc, argv);  // --devices re-executes it under mpirun
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

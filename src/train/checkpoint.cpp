@@ -153,6 +153,7 @@ fs::path save_checkpoint(const fs::path& save_dir, const TrainProgress& pr, cons
     f.set_attr("/", "version", kFormatVersion);
     f.set_attr("/", "recipe", meta.recipe_yaml);
     f.set_attr("/", "dataset_hash", meta.dataset_hash);
+    f.set_attr("/", "ranks", meta.ranks);
     f.set_attr("/", "step", pr.step);
     f.set_attr("/", "data_epoch", pr.cursor.epoch);
     f.set_attr("/", "data_index", pr.cursor.index);
@@ -189,7 +190,8 @@ CheckpointMeta verify_checkpoint(const fs::path& file) {
     spdlog::warn("{}: checkpoint format 1 carries no checksums, so damage to it cannot be detected", file.string());
   else
     throw FileError(file.string() + ": checkpoint format version " + std::to_string(version) + " is not supported");
-  return {f.attr_string("/", "recipe"), f.attr_string("/", "dataset_hash")};
+  return {f.attr_string("/", "recipe"), f.attr_string("/", "dataset_hash"),
+          f.has_attr("/", "ranks") ? f.attr_int("/", "ranks") : 1};
 }
 
 std::optional<ResumePoint> find_resume_checkpoint(const fs::path& save_dir) {

@@ -30,6 +30,7 @@ struct TrainProgress {
 struct CheckpointMeta {
   std::string recipe_yaml;          // the resolved recipe that wrote it
   std::string dataset_hash;         // of the training data (file, tokenizer, options) and the split
+  int64_t ranks = 1;                // data-parallel ranks of the run (1 in checkpoints older than the attribute)
 };
 
 std::filesystem::path checkpoint_dir(const std::filesystem::path& save_dir);

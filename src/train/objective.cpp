@@ -5,6 +5,7 @@
 
 #include <cmath>
 
+#include "core/error.h"
 #include "infer/evaluate.h"
 #include "train/preference.h"
 #include "train/train_data.h"
@@ -14,8 +15,9 @@ namespace {
 
 class SftSource : public StepSource {
  public:
-  SftSource(const Recipe& r, const Tokenizer& tok)
+  SftSource(const Recipe& r, const Tokenizer& tok, int ranks)
       : r_(r),
+        micro_per_step_(r.train.grad_accum * ranks),
         data_(load_train_data(r, tok)),
         batcher_(data_.train, r.train.batch_size, r.data.max_seq_len, r.data.packing, r.train.seed) {
     spdlog::info("data: {} training samples ({} tokens, {} trainable), {} validation samples",
@@ -29,7 +31,7 @@ class SftSource : public StepSource {
 
   StepResult step(const models::Decoder& model, Optimizer& opt, LossScaler& scaler, const StepOptions& o) override {
     std::vector<Batch> micro;
-    for (int i = 0; i < r_.train.grad_accum; ++i) micro.push_back(batcher_.next());
+    for (int i = 0; i < micro_per_step_; ++i) micro.push_back(batcher_.next());
     return train_step(model, opt, scaler, micro, o);
   }
 
@@ -44,6 +46,7 @@ class SftSource : public StepSource {
 
  private:
   const Recipe& r_;
+  int micro_per_step_;
   TrainData data_;
   Batcher batcher_;
 };
@@ -90,8 +93,11 @@ class PreferenceSource : public StepSource {
 
 }  // namespace
 
-std::unique_ptr<StepSource> make_step_source(const Recipe& r, const Tokenizer& tok) {
-  if (r.objective == Objective::sft) return std::make_unique<SftSource>(r, tok);
+std::unique_ptr<StepSource> make_step_source(const Recipe& r, const Tokenizer& tok, int ranks) {
+  if (r.objective == Objective::sft) return std::make_unique<SftSource>(r, tok, ranks);
+  if (ranks > 1)
+    throw ConfigError("objective " + to_string(r.objective) + ": data-parallel training (" + std::to_string(ranks) +
+                      " ranks) supports objective sft only; train preference objectives on one device");
   return std::make_unique<PreferenceSource>(r, tok);
 }
 

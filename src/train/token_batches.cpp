@@ -10,25 +10,28 @@
 
 namespace lmtune {
 
-Batch TokenBatches::batch(int64_t step) const {
+Batch TokenBatches::batch(int64_t step, int64_t first_row, int64_t rows) const {
   if (step < 0 || step >= steps)
     throw ConfigError("token batches: step " + std::to_string(step) + " of " + std::to_string(steps));
+  if (first_row < 0 || rows < 1 || first_row + rows > B)
+    throw ConfigError("token batches: rows " + std::to_string(first_row) + ".." + std::to_string(first_row + rows) +
+                      " of " + std::to_string(B));
   Batch b;
-  b.B = int(B);
+  b.B = int(rows);
   b.T = int(T);
-  const size_t n = size_t(B * T);
-  const auto first = ids.begin() + int64_t(n) * step;
+  const size_t n = size_t(rows * T);
+  const auto first = ids.begin() + (step * B + first_row) * T;
   b.ids.assign(first, first + int64_t(n));
   b.targets.assign(n, -100);
   b.positions.assign(n, 0);
   b.doc_ids.assign(n, 0);
-  for (int64_t r = 0; r < B; ++r)
+  for (int64_t r = 0; r < rows; ++r)
     for (int64_t t = 0; t < T; ++t) {
       const size_t i = size_t(r * T + t);
       b.positions[i] = int32_t(t);
       if (t + 1 < T) b.targets[i] = b.ids[i + 1];
     }
-  b.trainable_tokens = B * (T - 1);
+  b.trainable_tokens = rows * (T - 1);
   return b;
 }
 

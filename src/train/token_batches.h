@@ -15,7 +15,9 @@ struct TokenBatches {
   int64_t steps = 0, B = 0, T = 0;
   std::vector<int32_t> ids;  // [steps, B, T]
 
-  Batch batch(int64_t step) const;  // the causal-LM batch of one step
+  Batch batch(int64_t step) const { return batch(step, 0, B); }  // the causal-LM batch of one step
+  // Rows [first_row, first_row + rows) of it: one rank's share when the B rows are several ranks' batches.
+  Batch batch(int64_t step, int64_t first_row, int64_t rows) const;
 };
 
 // Ids drawn from a Zipf distribution over [0, vocab) (p(id) ∝ 1 / (id + 1)), as natural text roughly is, so a

@@ -9,6 +9,7 @@
 #include "core/error.h"
 #include "core/ops.h"
 #include "models/linear.h"
+#include "train/grad_sync.h"
 
 namespace lmtune {
 
@@ -76,8 +77,14 @@ StepResult train_step(const models::Decoder& model, Optimizer& opt, LossScaler& 
   // The host reads the micro-batches' losses only after recording every backward pass: no wait for the GPU in
   // the middle of a step. A non-finite loss then skips the step as before (its gradients are discarded).
   std::vector<Tensor> sums;
+  std::vector<size_t> sum_micro;  // the micro-batch of each sum
+  const size_t rank = o.ranks ? size_t(o.ranks->rank()) : 0, ranks = o.ranks ? size_t(o.ranks->size()) : 1;
+  if (micro.size() % ranks != 0)
+    throw ConfigError("training step: " + std::to_string(micro.size()) + " micro-batches do not split over " +
+                      std::to_string(ranks) + " ranks");
+  const size_t per_rank = micro.size() / ranks;
   PhaseClock clock(o.phase_times, model.device());
-  for (size_t i = 0; i < micro.size(); ++i) {
+  for (size_t i = rank * per_rank; i < (rank + 1) * per_rank; ++i) {
     if (micro[i].trainable_tokens == 0) continue;
     std::unique_ptr<models::LoraDropoutScope> dropout;
     if (o.dropout) dropout = std::make_unique<models::LoraDropoutScope>(o.seed, uint64_t(o.step), uint64_t(i));
@@ -85,19 +92,31 @@ StepResult train_step(const models::Decoder& model, Optimizer& opt, LossScaler& 
     clock.lap(&StepPhaseTimes::forward_s);
     backward(ops::scale(sum, weight));
     sums.push_back(sum.detach());
+    sum_micro.push_back(i);
     clock.lap(&StepPhaseTimes::backward_s);
   }
   double loss_sum = 0;
-  for (size_t i = 0; i < sums.size(); ++i) {
-    const double value = sums[i].item();
-    if (!std::isfinite(value)) {
-      r.loss = value;
-      r.skip_reason = "loss is " + std::string(std::isnan(value) ? "NaN" : "Inf") + " in micro-batch " +
-                      std::to_string(i + 1) + " of " + std::to_string(sums.size());
-      opt.zero_grad();
-      return r;
-    }
-    loss_sum += value;
+  for (size_t i = 0; i < sums.size() && std::isfinite(loss_sum); ++i) {
+    loss_sum += sums[i].item();
+    if (!std::isfinite(loss_sum))
+      r.skip_reason = "loss is " + std::string(std::isnan(loss_sum) ? "NaN" : "Inf") + " in micro-batch " +
+                      std::to_string(sum_micro[i] + 1) + " of " + std::to_string(micro.size());
+  }
+  if (ranks > 1) {  // the step's loss, and whether any rank saw a non-finite one
+    std::vector<double> total{loss_sum};
+    o.ranks->all_reduce_sum(total);
+    if (!std::isfinite(total[0]) && r.skip_reason.empty())
+      r.skip_reason = "loss is " + std::string(std::isnan(total[0]) ? "NaN" : "Inf") + " on another rank";
+    loss_sum = total[0];
+  }
+  if (!std::isfinite(loss_sum)) {
+    r.loss = loss_sum;
+    opt.zero_grad();
+    return r;
+  }
+  if (ranks > 1) {
+    all_reduce_gradients(opt.params(), *o.ranks);
+    clock.lap(&StepPhaseTimes::all_reduce_s);
   }
   r.loss = loss_sum / double(r.trainable_tokens);
   finish_step(r, opt, scaler, o, loss_scale);

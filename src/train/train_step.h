@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "data/batcher.h"
+#include "dist/communicator.h"
 #include "models/decoder.h"
 #include "train/loss_scaler.h"
 #include "train/optimizer.h"
@@ -25,6 +26,7 @@ struct StepPhaseTimes {
   double forward_s = 0;    // forward of each micro-batch up to its loss, then a device synchronize
   double backward_s = 0;   // backward of each micro-batch, then a device synchronize
   double optimizer_s = 0;  // loss reads, gradient norm, clipping and the update, then a device synchronize
+  double all_reduce_s = 0;  // several ranks: the loss and gradient all-reduce (train/grad_sync.h)
 };
 
 struct StepOptions {
@@ -36,6 +38,9 @@ struct StepOptions {
   int64_t step = 0;              // 0-based optimizer step
   bool dropout = true;           // open a LoRA dropout scope (adapters with dropout 0 are unaffected)
   StepPhaseTimes* phase_times = nullptr;  // when set: synchronize after each phase and add its time here
+  // Data parallelism: the ranks that share the step. Rank r runs backward over the r-th of size() equal
+  // consecutive slices of the micro-batches; losses and gradients are summed over the ranks. Null: all of them.
+  dist::Communicator* ranks = nullptr;
 };
 
 // What recipe r gives optimizer step `step` (0-based) at learning rate lr.
@@ -54,7 +59,8 @@ struct StepResult {
 
 // Accumulates the gradients of all micro-batches (each loss scaled by loss_scale / total trainable tokens),
 // checks them, clips, and updates. Gradients are zeroed before returning. The micro-batches must hold at least
-// one trainable target in total.
+// one trainable target in total. With options.ranks, `micro_batches` is the whole step's (the same list on every
+// rank), each rank computes its slice, and the result (loss, token counts, update) is the same on every rank.
 StepResult train_step(const models::Decoder& model, Optimizer& optimizer, LossScaler& scaler,
                       const std::vector<Batch>& micro_batches, const StepOptions& options);
 

@@ -6,6 +6,8 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <memory>
+#include <optional>
 
 #include "core/backend.h"
 #include "core/error.h"
@@ -44,9 +46,26 @@ std::string hms(double s) {
   return buf;
 }
 
+// A step's micro-batches are train.grad_accum × ranks consecutive batches of the data order, so a run may resume
+// on another number of ranks exactly when that product stays the same.
+void check_same_global_batch(int64_t accum_was, int64_t ranks_was, int64_t accum_now, int64_t ranks_now,
+                             const fs::path& file) {
+  const int64_t was = accum_was * ranks_was, now = accum_now * ranks_now;
+  if (was != now)
+    throw ConfigError("resume: the checkpoint " + file.string() + " was trained on " + std::to_string(ranks_was) +
+                      " rank(s) with train.grad_accum " + std::to_string(accum_was) + " (" + std::to_string(was) +
+                      " micro-batches per step), this run has " + std::to_string(ranks_now) + " rank(s) with " +
+                      std::to_string(accum_now) + " (" + std::to_string(now) + "), so its data order and batches "
+                      "would differ; resume with ranks x train.grad_accum = " + std::to_string(was));
+  if (ranks_was != ranks_now)
+    spdlog::warn("resume: the checkpoint {} was trained on {} rank(s), this run has {}; ranks x train.grad_accum "
+                 "is {} as before, so every step sees the same micro-batches (sums may differ in the last bits)",
+                 file.string(), ranks_was, ranks_now, now);
+}
+
 // Settings a resumed run must share with the checkpoint's recipe to continue the same run.
-void check_resume_compatible(const Recipe& now, const std::string& saved_yaml, const fs::path& file) {
-  Recipe was = parse_recipe(saved_yaml, file.string() + " (recipe)");
+void check_resume_compatible(const Recipe& now, const CheckpointMeta& saved, const fs::path& file, int ranks) {
+  Recipe was = parse_recipe(saved.recipe_yaml, file.string() + " (recipe)");
   auto join = [](const std::vector<std::string>& v) {
     std::string s;
     for (const auto& x : v) s += (s.empty() ? "" : ",") + x;
@@ -72,13 +91,13 @@ void check_resume_compatible(const Recipe& now, const std::string& saved_yaml, c
       {"lora.init_from", was.lora.init_from, now.lora.init_from},
       {"optimizer.name", to_string(was.optimizer.name), to_string(now.optimizer.name)},
       {"train.batch_size", std::to_string(was.train.batch_size), std::to_string(now.train.batch_size)},
-      {"train.grad_accum", std::to_string(was.train.grad_accum), std::to_string(now.train.grad_accum)},
       {"train.seed", std::to_string(was.train.seed), std::to_string(now.train.seed)},
   };
   for (const Key& k : keys)
     if (k.a != k.b)
       throw ConfigError("resume: " + std::string(k.name) + " is '" + k.b + "' but the checkpoint " + file.string() +
                         " was trained with '" + k.a + "' (use another save.dir, or resume=false with --overwrite)");
+  check_same_global_batch(was.train.grad_accum, saved.ranks, now.train.grad_accum, ranks, file);
   if (was.train.steps != now.train.steps)
     spdlog::warn("resume: train.steps changed from {} to {}; the learning-rate schedule changes with it",
                  was.train.steps, now.train.steps);
@@ -86,7 +105,7 @@ void check_resume_compatible(const Recipe& now, const std::string& saved_yaml, c
 
 // The checkpoint to continue from, or nullopt for a fresh start. Throws before anything in save.dir is written
 // when checkpoints exist but resume is off (without --overwrite), or none of them can be resumed from.
-std::optional<ResumePoint> resume_or_fresh(const Recipe& r, const TrainOptions& options) {
+std::optional<ResumePoint> resume_or_fresh(const Recipe& r, const TrainOptions& options, int ranks) {
   const fs::path save_dir = r.save.dir;
   if (!r.resume) {
     const std::vector<fs::path> existing = list_checkpoints(save_dir);
@@ -98,8 +117,18 @@ std::optional<ResumePoint> resume_or_fresh(const Recipe& r, const TrainOptions& 
   }
   std::optional<ResumePoint> p = find_resume_checkpoint(save_dir);
   if (!p) spdlog::info("resume: no checkpoint in {}, starting from step 0", checkpoint_dir(save_dir).string());
-  else check_resume_compatible(r, p->meta.recipe_yaml, p->file);
+  else check_resume_compatible(r, p->meta, p->file, ranks);
   return p;
+}
+
+// Every rank resumes from the same step, or a rank reads another save.dir (several hosts need a shared one).
+void check_ranks_agree(dist::Communicator& ranks, int64_t step, const std::string& save_dir) {
+  const std::vector<double> steps = ranks.all_gather(double(step));
+  for (size_t k = 1; k < steps.size(); ++k)
+    if (steps[k] != steps[0])
+      throw ConfigError("resume: rank " + std::to_string(k) + " starts at step " + std::to_string(int64_t(steps[k])) +
+                        " but rank 0 at step " + std::to_string(int64_t(steps[0])) + ": every rank must see the same "
+                        "save.dir " + save_dir + " (on several hosts, a shared filesystem)");
 }
 
 // Publishes what a save produces besides the checkpoint: the PEFT adapter (LoRA) or the model (full).
@@ -125,19 +154,25 @@ fs::path write_output(const Recipe& r, TrainableModel& tm) {
 }  // namespace
 
 TrainSummary train(const Recipe& r, const TrainOptions& options) {
+  const std::unique_ptr<dist::Communicator> alone = options.ranks ? nullptr : dist::single_process();
+  dist::Communicator& ranks = options.ranks ? *options.ranks : *alone;
+  const bool root = ranks.is_root();  // rank 0 alone validates and writes files
   const Device device = training_device(r, options.device);
   check_model_files(r);  // before anything is written
   const fs::path save_dir = r.save.dir;
 
   // Resume or a fresh start; never silently mix runs, and never start over in place of a run that exists.
-  std::optional<ResumePoint> resume_point = resume_or_fresh(r, options);
+  std::optional<ResumePoint> resume_point = resume_or_fresh(r, options, ranks.size());
   const std::optional<fs::path> resume_from =
       resume_point ? std::optional<fs::path>(resume_point->file) : std::nullopt;
   const CheckpointMeta meta = resume_point ? resume_point->meta : CheckpointMeta{};
 
   Tokenizer tokenizer = Tokenizer::load(r.model);
   check_recipe_fits(r, tokenizer, device);
-  std::unique_ptr<StepSource> source = make_step_source(r, tokenizer);
+  // Rank 0 tokenizes first and fills the token cache in save.dir; the others then read it instead of racing it.
+  if (!root) ranks.barrier();
+  std::unique_ptr<StepSource> source = make_step_source(r, tokenizer, ranks.size());
+  if (root) ranks.barrier();
   if (resume_from && meta.dataset_hash != source->data_hash())
     throw ConfigError("resume: the training data differs from the data " + resume_from->string() +
                       " was trained on (dataset hash " + source->data_hash() + " vs " + meta.dataset_hash +
@@ -160,9 +195,11 @@ TrainSummary train(const Recipe& r, const TrainOptions& options) {
     pr = loaded;
     spdlog::info("resumed from {} at step {}", resume_from->string(), pr.step);
   }
+  check_ranks_agree(ranks, pr.step, r.save.dir);
   source->set_cursor(pr.cursor);
-  MetricsLog metrics(save_dir, resume_from ? pr.step : -1);
-  const CheckpointMeta out_meta{r.resolved_yaml, source->data_hash()};
+  std::optional<MetricsLog> metrics;
+  if (root) metrics.emplace(save_dir, resume_from ? pr.step : -1);
+  const CheckpointMeta out_meta{r.resolved_yaml, source->data_hash(), ranks.size()};
 
   Backend& be = backend(device);
   TrainSummary sum;
@@ -171,11 +208,11 @@ TrainSummary train(const Recipe& r, const TrainOptions& options) {
     auto t0 = Clock::now();
     std::string summary;
     const MetricValues values = source->validate(*tm.decoder, summary);
-    metrics.log("valid", step, values);
+    metrics->log("valid", step, values);
     spdlog::info("valid step {}/{} | {} | {:.1f} s", step, r.train.steps, summary, seconds_since(t0));
     return values.front().second;
   };
-  if (pr.step == 0 && source->has_valid() && r.eval.every > 0) sum.base_valid_loss = validate(0);
+  if (root && pr.step == 0 && source->has_valid() && r.eval.every > 0) sum.base_valid_loss = validate(0);
 
   const auto session_start = Clock::now();
   auto last_line = Clock::time_point{};
@@ -185,6 +222,7 @@ TrainSummary train(const Recipe& r, const TrainOptions& options) {
     const Batcher::Cursor step_cursor = source->cursor();
     StepOptions so = step_options(r, s, learning_rate(r.schedule, r.optimizer.lr, int(s), r.train.steps));
     so.unchecked_layers = tm.unchecked_layers;
+    if (ranks.size() > 1) so.ranks = &ranks;
     be.reset_peak();
     const auto t0 = Clock::now();
     StepResult res = source->step(*tm.decoder, optimizer, pr.scaler, so);
@@ -223,7 +261,7 @@ TrainSummary train(const Recipe& r, const TrainOptions& options) {
                      {"peak_mib", double(peak) / double(1 << 20)}, {"loss_scale", pr.scaler.scale},
                      {"trainable_tokens", double(res.trainable_tokens)}, {"skipped", res.applied ? 0.0 : 1.0}};
     row.insert(row.end(), res.metrics.begin(), res.metrics.end());
-    metrics.log("train", pr.step, row);
+    if (metrics) metrics->log("train", pr.step, row);
     sum.final_train_loss = res.loss;
 
     const double session_s = seconds_since(session_start);
@@ -244,9 +282,9 @@ TrainSummary train(const Recipe& r, const TrainOptions& options) {
                    pr.scaler.enabled ? " | scale " + std::to_string(int64_t(pr.scaler.scale)) : std::string());
     }
 
-    if (source->has_valid() && r.eval.every > 0 && (pr.step % r.eval.every == 0 || last))
+    if (root && source->has_valid() && r.eval.every > 0 && (pr.step % r.eval.every == 0 || last))
       sum.final_valid_loss = validate(pr.step);
-    if ((r.save.every > 0 && pr.step % r.save.every == 0) || last) {
+    if (root && ((r.save.every > 0 && pr.step % r.save.every == 0) || last)) {
       TrainProgress snapshot = pr;
       snapshot.elapsed_s = pr.elapsed_s + seconds_since(session_start);
       fs::path file = save_checkpoint(save_dir, snapshot, optimizer, out_meta);

@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <string>
 
+#include "dist/communicator.h"
 #include "train/recipe.h"
 
 namespace lmtune {
@@ -14,13 +15,16 @@ struct TrainOptions {
   std::string device;      // --device; overrides the recipe's `device` when non-empty
   int log_every = 0;       // progress line every N steps; 0: every step, at most one line per 2 s in long runs
   bool overwrite = false;  // start afresh in a save.dir that already holds checkpoints
+  // Data parallelism (docs/training.md, "Several devices"): this process is one of ranks->size() ranks, each on
+  // its own device. Null: one device. Rank 0 alone validates and writes metrics, checkpoints and the output.
+  dist::Communicator* ranks = nullptr;
 };
 
 struct TrainSummary {
   int64_t steps = 0;                  // optimizer steps completed (including resumed ones)
   int64_t steps_this_session = 0;
   double seconds = 0;                 // wall time of this session's steps
-  double tokens_per_s = 0;
+  double tokens_per_s = 0;            // of all ranks together
   double final_train_loss = 0;        // the last step's loss
   double final_valid_loss = 0;        // NaN without validation data
   double base_valid_loss = 0;         // before training (NaN when not measured)

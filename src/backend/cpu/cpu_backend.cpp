@@ -12,6 +12,7 @@
 #include <thread>
 #include <vector>
 
+#include <cblas.h>
 #include <unistd.h>
 
 #include "core/error.h"
@@ -157,16 +158,27 @@ ThreadPool& pool() {
 
 }  // namespace
 
+namespace {
+int requested_threads = 0;  // set_num_threads(), before the pool exists
+}  // namespace
+
 int num_threads() {
   static int n = [] {
     if (const char* s = std::getenv("LMTUNE_THREADS")) {
       int v = std::atoi(s);
       if (v > 0) return v;
     }
+    if (requested_threads > 0) return requested_threads;
     unsigned hc = std::thread::hardware_concurrency();
     return hc ? int(hc) : 1;
   }();
   return n;
+}
+
+void set_num_threads(int n) {
+  if (n < 1 || std::getenv("LMTUNE_THREADS")) return;
+  requested_threads = n;
+  openblas_set_num_threads(n);
 }
 
 void parallel_for(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& fn) {
