@@ -6,6 +6,10 @@
 // one subgroup per column at a time: its invocations stride K by 8 x the subgroup size, four loads in flight
 // each, and meet in a subgroupAdd (no shared memory, no barrier). The host takes this kernel
 // (matmul_plan.cpp) on devices with subgroup arithmetic when K, the row strides and offsets are multiples of 8.
+// With a low-rank addend (FLAG_LOW_RANK: C = A Wᵀ + lr_alpha U Vᵀ, U [rows, R], V [N, R], a LoRA adapter's
+// s x Aᵀ and B) each subgroup adds its column's R terms to its sums before the subgroupAdd: the adapter costs R
+// more loads per column, not a product and an add pass of its own. With FLAG_ADDEND, E [rows, N] (row stride 0:
+// a bias row) is added to the sums as they are written (a bias, or the decoder's residual stream).
 #extension GL_KHR_shader_subgroup_basic : require
 #extension GL_KHR_shader_subgroup_arithmetic : require
 #include "common/common.glsl"
@@ -17,28 +21,63 @@ TENSOR4(0, A)
 TENSOR(1, W)
 TENSOR4(1, W)
 TENSOR(2, C)
+TENSOR(3, U)
+TENSOR(4, V)
+TENSOR(5, E)
 
 layout(push_constant) uniform GemvParams {
   uint N, K, rows;
   uint a_off, a_rs;  // A's element offset and row stride
   uint w_off, w_rs;  // W's element offset and row stride (unit stride along K)
   uint c_off;        // C is [rows, N], contiguous
-  uint dtypes;       // A | W << 4 | C << 8
+  uint dtypes;       // A | W << 4 | C << 8 | U << 12 | V << 16 | E << 20
   float alpha;
+  uint flags;
+  uint R;            // the addend's rank
+  uint u_off, u_rs;  // U's element offset and row stride (unit stride along R)
+  uint v_off, v_rs;  // V's element offset and row stride (unit stride along R)
+  float lr_alpha;
+  uint e_off, e_rs;  // E's element offset and row stride (0: one row for all)
 } p;
 
-layout(constant_id = 1) const uint COLS = 4u;  // columns per workgroup
+const uint FLAG_LOW_RANK = 1u, FLAG_ADDEND = 2u;
+
+layout(constant_id = 1) const uint COLS = 4u;    // columns per workgroup (without split-K)
+layout(constant_id = 2) const uint KSPLIT = 1u;  // 1, or the subgroups of a workgroup (4): they share one column
 const uint MAXR = 4u, UNROLL = 4u;  // MAXR: the most rows the host sends (matmul_plan.cpp's kGemvMaxRows)
 
+// Split-K: with few columns and a long K (a LoRA adapter's x Aᵀ: 16 columns of 4096 or 14336) one subgroup per
+// column would leave the GPU idle and walk K alone; there a workgroup takes one column, its subgroups take
+// interleaved stretches of K, and their sums meet in shared memory.
+shared float partial[KSPLIT][MAXR];
+
 void main() {
-  const uint lane = gl_SubgroupInvocationID, step = gl_SubgroupSize * 8u, nr = min(MAXR, p.rows);
+  const uint lane = gl_SubgroupInvocationID, nr = min(MAXR, p.rows);
+  const uint sub = KSPLIT > 1u ? gl_SubgroupID : 0u;  // this subgroup's share of K
+  const uint step = gl_SubgroupSize * 8u * KSPLIT;    // K between one invocation's consecutive loads
   const uint adt = p.dtypes & 15u, wdt = (p.dtypes >> 4) & 15u, cdt = (p.dtypes >> 8) & 15u;
-  const uint n_end = min(p.N, (gl_WorkGroupID.x + 1u) * COLS);
-  for (uint n = gl_WorkGroupID.x * COLS + gl_SubgroupID; n < n_end; n += gl_NumSubgroups) {
-    float acc[MAXR];
-    [[unroll]] for (uint r = 0u; r < MAXR; ++r) acc[r] = 0.0;
+  const uint cols = KSPLIT > 1u ? 1u : COLS;
+  const uint n_end = min(p.N, (gl_WorkGroupID.x + 1u) * cols);
+  const uint n_first = gl_WorkGroupID.x * cols + (KSPLIT > 1u ? 0u : gl_SubgroupID);
+  for (uint n = n_first; n < n_end; n += KSPLIT > 1u ? 1u : gl_NumSubgroups) {
+    float acc[MAXR], low[MAXR];
+    [[unroll]] for (uint r = 0u; r < MAXR; ++r) acc[r] = low[r] = 0.0;
+    // The low-rank terms' first loads go out before the weight row streams and are used after it (R <= the
+    // subgroup's width: no other load).
+    const bool lr = (p.flags & FLAG_LOW_RANK) != 0u;
+    const uint udt = (p.dtypes >> 12) & 15u, vdt = (p.dtypes >> 16) & 15u;
+    const uint j0 = sub * gl_SubgroupSize + lane, jstep = gl_SubgroupSize * KSPLIT;
+    float v0 = 0.0, u0[MAXR];
+    [[unroll]] for (uint r = 0u; r < MAXR; ++r) u0[r] = 0.0;
+    if (lr && j0 < p.R) {
+      v0 = V_ld(vdt, p.v_off + n * p.v_rs + j0);
+      [[unroll]] for (uint r = 0u; r < MAXR; ++r) {
+        if (r >= nr) break;
+        u0[r] = U_ld(udt, p.u_off + r * p.u_rs + j0);
+      }
+    }
     const uint wrow = p.w_off + n * p.w_rs, arow = p.a_off;
-    for (uint k0 = lane * 8u; k0 < p.K; k0 += step * UNROLL) {
+    for (uint k0 = (sub * gl_SubgroupSize + lane) * 8u; k0 < p.K; k0 += step * UNROLL) {
       vec4 lo[UNROLL], hi[UNROLL];
       [[unroll]] for (uint u = 0u; u < UNROLL; ++u) {  // the loads first: UNROLL x 16 bytes in flight
         lo[u] = vec4(0.0);
@@ -56,10 +95,34 @@ void main() {
         }
       }
     }
+    if (lr) {
+      [[unroll]] for (uint r = 0u; r < MAXR; ++r) low[r] = u0[r] * v0;
+      for (uint j = j0 + jstep; j < p.R; j += jstep) {
+        const float vj = V_ld(vdt, p.v_off + n * p.v_rs + j);
+        [[unroll]] for (uint r = 0u; r < MAXR; ++r) {
+          if (r >= nr) break;
+          low[r] += U_ld(udt, p.u_off + r * p.u_rs + j) * vj;
+        }
+      }
+    }
+    [[unroll]] for (uint r = 0u; r < MAXR; ++r) acc[r] = p.alpha * acc[r] + p.lr_alpha * low[r];
+    [[unroll]] for (uint r = 0u; r < MAXR; ++r) acc[r] = subgroupAdd(acc[r]);
+    if (KSPLIT > 1u) {  // n is the same for the whole workgroup here: the barrier is in uniform control flow
+      if (lane == 0u) {
+        [[unroll]] for (uint r = 0u; r < MAXR; ++r) partial[sub][r] = acc[r];
+      }
+      barrier();
+      [[unroll]] for (uint r = 0u; r < MAXR; ++r) {
+        acc[r] = 0.0;
+        [[unroll]] for (uint i = 0u; i < KSPLIT; ++i) acc[r] += partial[i][r];
+      }
+      if (sub != 0u) continue;
+    }
     [[unroll]] for (uint r = 0u; r < MAXR; ++r) {
       if (r >= nr) break;
-      const float sum = subgroupAdd(acc[r]);
-      if (lane == 0u) C_st(cdt, p.c_off + r * p.N + n, p.alpha * sum);
+      float sum = acc[r];
+      if ((p.flags & FLAG_ADDEND) != 0u) sum += E_ld((p.dtypes >> 20) & 15u, p.e_off + r * p.e_rs + n);
+      if (lane == 0u) C_st(cdt, p.c_off + r * p.N + n, sum);
     }
   }
 }

@@ -360,10 +360,10 @@ Tensor Decoder::layer_forward(int index, const Tensor& x, const Tensor& position
   } else if (options.attend_mask.defined()) {
     ao.key_mask = options.attend_mask;
   }
-  Tensor a = ops::attention(q, k, v, ao);
-  a = w.attn.o(ops::reshape(a, {B, T, H * D}), options.row_adapters);
-  if (config_.sandwich_norms) a = norm(a, w.post_attn_norm);
-  Tensor r = ops::add(x, a);
+  // x + o_proj(a): the sum in the product's epilogue where it can be (Linear::add_to); sandwich norms come first.
+  const Tensor a = ops::reshape(ops::attention(q, k, v, ao), {B, T, H * D});
+  const Tensor r = config_.sandwich_norms ? ops::add(x, norm(w.attn.o(a, options.row_adapters), w.post_attn_norm))
+                                          : w.attn.o.add_to(x, a, options.row_adapters);
 
   // ---- MLP ----
   h = norm(r, w.pre_mlp_norm);
@@ -378,9 +378,8 @@ Tensor Decoder::layer_forward(int index, const Tensor& x, const Tensor& position
   // act(gate) * up in one fused kernel (its backward saves only gate and up).
   Tensor gated = paths_.fused_glu ? ops::gated_activation(gate, up, act)
                                   : ops::gated_activation_reference(gate, up, act);
-  Tensor m = w.mlp.down(gated, options.row_adapters);
-  if (config_.sandwich_norms) m = norm(m, w.post_mlp_norm);
-  return ops::add(r, m);
+  if (config_.sandwich_norms) return ops::add(r, norm(w.mlp.down(gated, options.row_adapters), w.post_mlp_norm));
+  return w.mlp.down.add_to(r, gated, options.row_adapters);
 }
 
 Tensor Decoder::forward_hidden(const Tensor& ids, const Tensor& positions, const ForwardOptions& options) const {

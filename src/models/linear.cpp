@@ -2,11 +2,13 @@
 #include "models/linear.h"
 
 #include <cmath>
+#include <initializer_list>
 #include <string>
 
 #include "core/autodiff.h"
 #include "core/error.h"
 #include "core/ops.h"
+#include "core/ops/matmul_add.h"
 #include "core/ops/quant_matmul.h"
 
 namespace lmtune::models {
@@ -33,11 +35,45 @@ Tensor factor_product(const Tensor& x, const Tensor& factor) {
   return half && factor.dtype() == DType::f32 ? ops::autocast_linear(x, factor) : ops::linear(x, factor);
 }
 
+bool dropout_on(const LoraAdapter& a) { return g_dropout.active && a.dropout > 0; }
+
+// Whether nothing of a product of these tensors is recorded for autodiff (generation, serving, evaluation): the
+// adapter's factors can then be read as stored, with no autocast copies of them for a backward pass, and the
+// bias or the residual added in the product's epilogue.
+bool unrecorded(std::initializer_list<const Tensor*> tensors) {
+  if (!grad_enabled()) return true;
+  for (const Tensor* t : tensors)
+    if (t->defined() && on_tape(*t)) return false;
+  return true;
+}
+
+bool inference(const Tensor& x, const Tensor& weight, const LoraAdapter* a) {
+  if (a && dropout_on(*a)) return false;
+  return a ? unrecorded({&x, &weight, &a->A, &a->B}) : unrecorded({&x, &weight});
+}
+
+// Rows (tokens) up to which an adapter's factors are read as stored: decode's products (Vulkan's gemv) at the
+// batch sizes generation and serving run.
+constexpr int64_t kFewRows = 8;
+
+Tensor rows_of(const Tensor& t) { return ops::reshape(t, {-1, t.dim(-1)}); }
+
+// s x Aᵀ [tokens, R] in f32, the scale in the product: in inference the factor is read in its stored dtype (a
+// cast of A per token costs a dispatch and as many bytes as the product reads).
+Tensor lora_down(const LoraAdapter& a, const Tensor& x2) {
+  return ops::matmul(x2, ops::transpose(a.A), DType::f32, a.scale);
+}
+
 // (scale · dropout(x) Aᵀ) Bᵀ: R·(in + out) per token instead of materialising B A. The scale multiplies the
 // rank-R intermediate, not the [tokens, out] product: one pass over R columns instead of `out` (forward and
 // backward).
 Tensor lora_delta(const LoraAdapter& a, const Tensor& x) {
-  Tensor in = g_dropout.active && a.dropout > 0 ? ops::dropout(x, a.dropout, dropout_key(a.dropout_key)) : x;
+  if (inference(x, Tensor(), &a)) {
+    Shape out = x.shape();
+    out.back() = a.B.dim(0);
+    return ops::reshape(ops::matmul(lora_down(a, rows_of(x)), ops::transpose(a.B), x.dtype()), out);
+  }
+  Tensor in = dropout_on(a) ? ops::dropout(x, a.dropout, dropout_key(a.dropout_key)) : x;
   Tensor down = factor_product(in, a.A);
   return factor_product(a.scale == 1.0f ? down : ops::scale(down, a.scale), a.B);
 }
@@ -55,14 +91,56 @@ Tensor Linear::base(const Tensor& x) const {
   return qweight.defined() ? ops::quantized_linear(x, qweight, bias) : ops::linear(x, weight, bias);
 }
 
+Tensor Linear::fused(const Tensor& x, const LoraAdapter* a, const Tensor& residual) const {
+  const Tensor x2 = rows_of(x), wt = ops::transpose(weight);
+  // One addend in the epilogue: the residual, else the bias (a layer with both adds its bias apart).
+  const Tensor addend = residual.defined() ? rows_of(residual) : bias;
+  Tensor y;
+  if (a) {
+    // Many 16-bit rows (a prompt): f16 factors, which the tensor-core kernels take as more K tiles of the product
+    // (as lora_linear's); a few rows (decode) read the factors as stored, where casts would cost a dispatch each
+    // and as many bytes as the product reads.
+    const bool half = x.dtype() == DType::f16 || x.dtype() == DType::bf16;
+    const bool tiles = half && x2.dim(0) > kFewRows;
+    const Tensor down = tiles ? ops::matmul(x2, ops::transpose(ops::cast(a->A, DType::f16)), DType::f16, a->scale)
+                              : lora_down(*a, x2);
+    const Tensor bt = ops::transpose(tiles ? ops::cast(a->B, DType::f16) : a->B);
+    y = addend.defined() ? ops::matmul_add(x2, wt, addend, down, bt, 1.0f, x.dtype())
+                         : ops::matmul_low_rank(x2, wt, down, bt, 1.0f, x.dtype());
+  } else {
+    y = addend.defined() ? ops::matmul_add(x2, wt, addend, x.dtype()) : ops::matmul(x2, wt, x.dtype());
+  }
+  if (residual.defined() && bias.defined()) y = ops::add(y, ops::cast(bias, y.dtype()));
+  Shape out = x.shape();
+  out.back() = out_features();
+  return ops::reshape(y, out);
+}
+
+Tensor Linear::add_to(const Tensor& residual, const Tensor& x, const RowAdapters* rows) const {
+  Shape out = x.shape();
+  out.back() = out_features();
+  // Rows given but no group: the base product alone; no rows: every adapter.
+  if ((!rows || rows->groups.empty()) && !qweight.defined() && residual.shape() == out &&
+      residual.dtype() == x.dtype()) {
+    const LoraAdapter* a = rows || adapters.empty() ? nullptr : &adapters[0];
+    if ((rows || adapters.size() <= 1) && inference(x, weight, a) && unrecorded({&residual}))
+      return fused(x, a, residual);
+  }
+  return ops::add(residual, (*this)(x, rows));
+}
+
 Tensor Linear::operator()(const Tensor& x) const {
+  if (!qweight.defined() && adapters.size() <= 1 && (bias.defined() || !adapters.empty())) {
+    const LoraAdapter* a = adapters.empty() ? nullptr : &adapters[0];
+    if (inference(x, weight, a)) return fused(x, a, Tensor());
+  }
   // One adapter under autocast (how lmtune trains): its delta is multiplied into the base product, forward and
   // backward (ops::lora_linear). A quantized base (QLoRA) is below: its product decodes the weight in the kernel.
   if (adapters.size() == 1 && !bias.defined() && !qweight.defined()) {
     const LoraAdapter& a = adapters[0];
     const bool half = x.dtype() == DType::f16 || x.dtype() == DType::bf16;
     if (half && a.A.dtype() == DType::f32 && a.B.dtype() == DType::f32) {
-      Tensor x_in = g_dropout.active && a.dropout > 0 ? ops::dropout(x, a.dropout, dropout_key(a.dropout_key)) : Tensor();
+      Tensor x_in = dropout_on(a) ? ops::dropout(x, a.dropout, dropout_key(a.dropout_key)) : Tensor();
       return ops::lora_linear(x, weight, a.A, a.B, a.scale, x_in, weight_t);
     }
   }
@@ -95,7 +173,8 @@ Tensor Linear::operator()(const Tensor& x, const RowAdapters* rows) const {
     if (g.begin < done || g.end > B)
       throw ShapeError("linear: adapter rows [" + std::to_string(g.begin) + ", " + std::to_string(g.end) +
                        ") overlap or exceed the batch of " + std::to_string(B));
-    if (g.begin == 0 && g.end == B) return ops::add(y, lora_delta(*a, x));
+    if (g.begin == 0 && g.end == B)
+      return !qweight.defined() && inference(x, weight, a) ? fused(x, a, Tensor()) : ops::add(y, lora_delta(*a, x));
     if (done < g.begin) pieces.push_back(ops::slice(y, 0, done, g.begin));
     pieces.push_back(ops::add(ops::slice(y, 0, g.begin, g.end), lora_delta(*a, ops::slice(x, 0, g.begin, g.end))));
     done = g.end;

@@ -56,6 +56,9 @@ class Linear {
   // With `rows` (x [B, ...]): each group of rows gets only its own adapter's delta; rows outside the groups and
   // groups naming an adapter this linear does not have get the base product alone. Null: as above.
   Tensor operator()(const Tensor& x, const RowAdapters* rows) const;
+  // residual + (*this)(x, rows) (the decoder's residual stream): where the product can take the sum in its
+  // epilogue (ops::matmul_add; Vulkan's decode gemv), no add pass of its own.
+  Tensor add_to(const Tensor& residual, const Tensor& x, const RowAdapters* rows = nullptr) const;
 
   // Adds an adapter of rank R: A ~ U(-1/sqrt(in), 1/sqrt(in)) (kaiming-uniform as PEFT), B = 0, both f32 on
   // the weight's device and requiring grad. Returns it.
@@ -75,6 +78,11 @@ class Linear {
  private:
   // x Wᵀ + b: the dense product, or the quantized one (ops::quantized_linear) where qweight is set.
   Tensor base(const Tensor& x) const;
+  // x Wᵀ + b + s (x Aᵀ) Bᵀ (+ residual) of a dense weight with at most one adapter `a` (or none) when nothing is
+  // recorded for autodiff (generation, serving): the adapter's delta and the bias or the residual taken inside
+  // the base product (ops::matmul_low_rank, ops::matmul_add; on Vulkan's decode gemv, two dispatches with an
+  // adapter, one without), the adapter's f32 factors read as stored.
+  Tensor fused(const Tensor& x, const LoraAdapter* a, const Tensor& residual) const;
 };
 
 }  // namespace lmtune::models

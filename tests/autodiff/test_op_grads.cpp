@@ -1,6 +1,10 @@
 // vjp and jvp of every differentiable op against finite differences of the double references.
 #include "autodiff/gradcheck.h"
 
+#include <functional>
+
+#include "core/ops/matmul_add.h"
+
 namespace lmtune::test {
 namespace {
 
@@ -200,6 +204,21 @@ TEST(OpGrads, MatmulLowRank) {
                   ref_fn(1.0),
                   {f32_input({3, 2}, 30, Layout::transposed), f32_input({2, 6}, 31), f32_input({3, 1}, 32),
                    f32_input({1, 6}, 33)});
+}
+
+// a b + e + α u v: the addend a row (bias) or a full [M, N] (residual).
+TEST(OpGrads, MatmulAdd) {
+  auto ref_fn = [](const RA& in) {
+    A y = ref::binary(ref::matmul(in[0], in[1]), in[2], std::plus<double>());
+    if (in.size() < 4) return RA{y};
+    return RA{ref::binary(y, ref::matmul(in[3], in[4]), [](double p, double q) { return p + 1.5 * q; })};
+  };
+  check_gradients([](const V& in) { return V{ops::matmul_add(in[0], in[1], in[2], DType::f32)}; }, ref_fn,
+                  {f32_input({3, 7}, 40), f32_input({7, 4}, 41, Layout::transposed), f32_input({4}, 42)});
+  check_gradients(
+      [](const V& in) { return V{ops::matmul_add(in[0], in[1], in[2], in[3], in[4], 1.5f, DType::f32)}; }, ref_fn,
+      {f32_input({2, 5}, 43), f32_input({5, 6}, 44), f32_input({2, 6}, 45), f32_input({2, 3}, 46),
+       f32_input({3, 6}, 47, Layout::transposed)});
 }
 
 // Dropout against x times its mask (read off the op applied to ones), which is what it must be linear in.

@@ -15,10 +15,12 @@
 #include "backend/vulkan/fragment_layout.h"
 #include "backend/vulkan/matmul.h"
 #include "backend/vulkan/matmul_plan.h"
+#include "backend/vulkan/recorder.h"
 #include "backend/vulkan/vulkan_backend.h"
 #include "core/error.h"
 #include "core/ops.h"
 #include "core/ops/matmul.h"
+#include "core/ops/matmul_add.h"
 #include "core/primitive.h"
 
 namespace lmtune {
@@ -399,6 +401,84 @@ TEST_F(VulkanMatmul, GemvKernel) {
   EXPECT_EQ(kernel_of(h, ops::transpose(w), logits), "gemv 2 nt");
   const Shape no_batch;
   EXPECT_LT(nmse(logits.to_doubles(), reference(h, ops::transpose(w), no_batch, 2, 517, 136)), 1e-10);
+}
+
+// Decode's LoRA products: x Wᵀ + s U Bᵀ with U = x Aᵀ [rows, R] and B [N, R] in their stored dtypes (f32
+// factors beside 16-bit activations and weights, as Linear::adapted passes them), the addend inside matmul_gemv;
+// ranks below, at and past a subgroup's width, odd N and K. A U without unit stride along R is composed instead.
+TEST_F(VulkanMatmul, GemvLowRankAddend) {
+  if (!vk::context_for(dev_).features().subgroup_arithmetic) GTEST_SKIP() << "no subgroup arithmetic";
+  choice().matmul = vk::MatmulKernel::automatic;
+  struct G {
+    int64_t M, N, K, R;
+    DType x, factors;
+  };
+  std::vector<G> cases;
+  for (DType x : {DType::f32, DType::bf16, DType::f16})
+    for (int64_t M : {1, 3, 4})
+      for (int64_t R : {1, 7, 16, 70}) cases.push_back({M, M == 3 ? 1001 : 37, M == 1 ? 2056 : 104, R, x,
+                                                         R == 7 ? DType::f16 : DType::f32});
+  const float alpha = 0.37f;
+  for (const G& c : cases) {
+    SCOPED_TRACE(std::to_string(c.M) + "x" + std::to_string(c.N) + "x" + std::to_string(c.K) + " R " +
+                 std::to_string(c.R) + " " + std::string(dtype_name(c.x)) + ", factors " +
+                 std::string(dtype_name(c.factors)));
+    Tensor a = Tensor::randn({c.M, c.K}, 21, 1.0f, c.x, dev_);
+    Tensor b = make_operand({{}, true, 0}, c.K, c.N, c.x, dev_, 22);
+    Tensor u = Tensor::randn({c.M, c.R}, 23, 1.0f, c.factors, dev_);
+    Tensor v = make_operand({{}, true, 0}, c.R, c.N, c.factors, dev_, 24);  // B [N, R] seen as [R, N]
+    Tensor y = apply1(std::make_shared<MatmulLowRank>(alpha), {a, b, u, v}, {{c.M, c.N}, c.x});
+    const vk::LowRankTerm lr{&u, &v, alpha};
+    std::optional<vk::MatmulPlan> plan = vk::plan_matmul(vk::context_for(dev_), a, b, y, &lr);
+    ASSERT_TRUE(plan);
+    EXPECT_EQ(plan->describe(), "gemv " + std::to_string(c.M) + " nt low-rank");
+    std::vector<double> ref = reference(a, b, {}, c.M, c.N, c.K), uv = reference(u, v, {}, c.M, c.N, c.R);
+    for (size_t i = 0; i < ref.size(); ++i) ref[i] += alpha * uv[i];
+    EXPECT_LT(nmse(y.to_doubles(), ref), threshold(c.x, false));
+  }
+  Tensor a = Tensor::randn({2, 64}, 31, 1.0f, DType::bf16, dev_);
+  Tensor b = make_operand({{}, true, 0}, 64, 45, DType::bf16, dev_, 32);
+  Tensor u = make_operand({{}, true, 0}, 2, 8, DType::f32, dev_, 33);  // unit stride along M, not R
+  Tensor v = make_operand({{}, true, 0}, 8, 45, DType::f32, dev_, 34);
+  Tensor y = apply1(std::make_shared<MatmulLowRank>(1.0f), {a, b, u, v}, {{2, 45}, DType::f32});
+  const vk::LowRankTerm lr{&u, &v, 1.0f};
+  std::optional<vk::MatmulPlan> plan = vk::plan_matmul(vk::context_for(dev_), a, b, y, &lr);
+  EXPECT_TRUE(!plan || plan->route != vk::MatmulRoute::gemv) << plan->describe();
+  std::vector<double> ref = reference(a, b, {}, 2, 45, 64), uv = reference(u, v, {}, 2, 45, 8);
+  for (size_t i = 0; i < ref.size(); ++i) ref[i] += uv[i];
+  EXPECT_LT(nmse(y.to_doubles(), ref), 1e-5);
+}
+
+// Decode's adapted product with the residual (Linear::fused): x Aᵀ, then one matmul_gemv that adds s (x Aᵀ) Bᵀ and
+// the residual to x Wᵀ as it writes: two dispatches, and the sums of the composed ops.
+TEST_F(VulkanMatmul, GemvEpilogueDispatches) {
+  vk::Context& ctx = vk::context_for(dev_);
+  if (!ctx.features().subgroup_arithmetic) GTEST_SKIP() << "no subgroup arithmetic";
+  if (!ctx.features().timestamps) GTEST_SKIP() << "no timestamps to count dispatches by";
+  choice().matmul = vk::MatmulKernel::automatic;
+  const int64_t M = 2, K = 136, N = 104, R = 8;
+  Tensor x = Tensor::randn({M, K}, 41, 1.0f, DType::bf16, dev_);
+  Tensor w = Tensor::randn({N, K}, 42, 1.0f, DType::bf16, dev_);
+  Tensor a = Tensor::randn({R, K}, 43, 0.1f, DType::f32, dev_), b = Tensor::randn({N, R}, 44, 0.1f, DType::f32, dev_);
+  Tensor res = Tensor::randn({M, N}, 45, 1.0f, DType::bf16, dev_);
+  ctx.synchronize();
+  vk::reset_profile();
+  vk::set_profiling(true);
+  Tensor down = ops::matmul(x, ops::transpose(a), DType::f32, 0.5f);
+  Tensor y = ops::matmul_add(x, ops::transpose(w), res, down, ops::transpose(b), 1.0f, DType::bf16);
+  const std::string report = vk::profile_report();
+  vk::set_profiling(false);
+  uint64_t gemv = 0, all = 0;
+  for (const auto& [name, st] : vk::profile_stats()) {
+    all += st.calls;
+    if (name.rfind("matmul_gemv", 0) == 0) gemv += st.calls;
+  }
+  EXPECT_EQ(gemv, 2u) << report;
+  EXPECT_EQ(all, 2u) << report;
+  std::vector<double> ref = reference(x, ops::transpose(w), {}, M, N, K);
+  const std::vector<double> lr = reference(down, ops::transpose(b), {}, M, N, R), r = res.to_doubles();
+  for (size_t i = 0; i < ref.size(); ++i) ref[i] += lr[i] + r[i];
+  EXPECT_LT(nmse(y.to_doubles(), ref), threshold(DType::bf16, false));
 }
 
 // The planner on its own: what it returns without recording anything, where the addend or the accumulation

@@ -1,8 +1,10 @@
 // matmul and linear: odd sizes, broadcast batch dims, transposed / strided / expanded operands, all dtypes.
 #include <array>
+#include <functional>
 
 #include "core/autodiff.h"
 #include "core/error.h"
+#include "core/ops/matmul_add.h"
 #include "ops/op_test_util.h"
 
 namespace lmtune::test {
@@ -190,6 +192,47 @@ TEST_P(OpTest, MatmulLowRank) {
   EXPECT_THROW(ops::matmul_low_rank(make_input({4, 3}, DType::f32, dev(), 86), make_input({3, 5}, DType::f32, dev(), 87),
                                     make_input({4, 2}, DType::f32, dev(), 88), make_input({3, 5}, DType::f32, dev(), 89),
                                     1.0f, DType::f32),
+               lmtune::ShapeError);
+}
+
+// A product with an addend in its epilogue, a b + e (+ α u v), e [M, N] (a residual) or [N] (a bias), against
+// double arithmetic: decode shapes (at most 4 rows, K a multiple of 8: the addend in matmul_gemv's epilogue on
+// devices with subgroup arithmetic, f32 factors beside 16-bit operands as Linear::fused passes them), and shapes
+// the composition takes (odd K, many rows).
+TEST_P(OpTest, MatmulAdd) {
+  struct Case {
+    int64_t M, K, N, R;
+    DType dt, low;
+    bool row;  // e [N], else [M, N]
+  };
+  const std::vector<Case> cases{
+      {1, 64, 37, 0, DType::bf16, DType::f32, true},   {3, 104, 45, 0, DType::f32, DType::f32, false},
+      {4, 96, 33, 16, DType::bf16, DType::f32, false}, {2, 40, 129, 70, DType::f16, DType::f16, true},
+      {2, 13, 9, 3, DType::f16, DType::f32, true},      {37, 65, 19, 5, DType::f32, DType::f32, false},
+      {19, 64, 40, 0, DType::bf16, DType::f32, true}};
+  for (const Case& c : cases) {
+    LMTUNE_CASE(c.M << "x" << c.K << "x" << c.N << " R " << c.R << " " << dtype_name(c.dt) << " factors "
+                    << dtype_name(c.low) << (c.row ? " bias row" : " residual"));
+    Tensor a = make_input({c.M, c.K}, c.dt, dev(), 91);
+    Tensor b = make_input({c.K, c.N}, c.dt, dev(), 92, Layout::transposed);
+    Tensor e = c.row ? make_input({c.N}, c.dt, dev(), 93) : make_input({c.M, c.N}, c.dt, dev(), 93);
+    ref::Array want = ref::binary(ref::matmul(ref::of(a), ref::of(b)), ref::of(e), std::plus<double>());
+    Tensor y;
+    if (c.R > 0) {
+      Tensor u = make_input({c.M, c.R}, c.low, dev(), 94);
+      Tensor v = make_input({c.R, c.N}, c.low, dev(), 95, Layout::transposed);
+      y = ops::matmul_add(a, b, e, u, v, 0.6f, c.dt);
+      want = ref::binary(want, ref::matmul(ref::of(u), ref::of(v)), [](double p, double q) { return p + 0.6 * q; });
+    } else {
+      y = ops::matmul_add(a, b, e, c.dt);
+    }
+    EXPECT_EQ(y.dtype(), c.dt);
+    EXPECT_TRUE(close(y, want, c.dt));
+  }
+  Tensor a = make_input({4, 3}, DType::f32, dev(), 96), b = make_input({3, 5}, DType::f32, dev(), 97);
+  EXPECT_THROW(ops::matmul_add(a, b, make_input({4}, DType::f32, dev(), 98), DType::f32), lmtune::ShapeError);
+  Tensor bias = make_input({5}, DType::f32, dev(), 98), u = make_input({4, 2}, DType::f32, dev(), 99);
+  EXPECT_THROW(ops::matmul_add(a, b, bias, u, make_input({3, 5}, DType::f32, dev(), 99), 1.0f, DType::f32),
                lmtune::ShapeError);
 }
 

@@ -11,6 +11,7 @@
 #include "core/error.h"
 #include "core/ops/elementwise.h"
 #include "core/ops/matmul.h"
+#include "core/ops/matmul_add.h"
 
 namespace lmtune {
 namespace vk {
@@ -162,9 +163,18 @@ void record_tiled(Context& ctx, const MatmulPlan& plan, const Tensor& a, const T
 struct GemvParams {
   uint32_t N, K, rows, a_off, a_rs, w_off, w_rs, c_off, dtypes;
   float alpha;
+  uint32_t flags, R, u_off, u_rs, v_off, v_rs;
+  float lr_alpha;
+  uint32_t e_off, e_rs;
 };
+static_assert(sizeof(GemvParams) == 19 * 4);
+constexpr uint32_t kGemvLowRank = 1, kGemvAddend = 2;
+// Split-K below this many columns, from this K on (matmul_gemv.comp).
+constexpr uint64_t kGemvSplitBelowN = 256, kGemvSplitFromK = 256;
 
-void record_gemv(Context& ctx, const MatmulPlan& plan, const Tensor& a, const Tensor& b, Tensor& c, float alpha) {
+// With `addend` (E [rows, N] with unit column stride, or a row [N]): C = A Wᵀ (+ U V) + E.
+void record_gemv(Context& ctx, const MatmulPlan& plan, const Tensor& a, const Tensor& b, Tensor& c, float alpha,
+                 const LowRankTerm* lr, const Tensor* addend = nullptr) {
   GemvParams p{};
   p.N = uint32_t(plan.N), p.K = uint32_t(plan.K), p.rows = uint32_t(plan.gemv_rows);
   p.a_off = uint32_t(a.offset()), p.a_rs = uint32_t(plan.gemv_row_stride);
@@ -172,11 +182,42 @@ void record_gemv(Context& ctx, const MatmulPlan& plan, const Tensor& a, const Te
   p.c_off = uint32_t(c.offset());
   p.dtypes = dtype_code(a.dtype()) | dtype_code(b.dtype()) << 4 | dtype_code(c.dtype()) << 8;
   p.alpha = alpha;
+  if (lr) {
+    const Tensor &u = *lr->u, &v = *lr->v;
+    p.flags = kGemvLowRank;
+    p.R = uint32_t(u.dim(1));
+    p.u_off = uint32_t(u.offset()), p.u_rs = uint32_t(u.strides()[0]);
+    p.v_off = uint32_t(v.offset()), p.v_rs = uint32_t(v.strides()[1]);  // V [R, N] is B [N, R] seen transposed
+    p.dtypes |= dtype_code(u.dtype()) << 12 | dtype_code(v.dtype()) << 16;
+    p.lr_alpha = lr->alpha;
+  }
+  if (addend) {
+    p.flags |= kGemvAddend;
+    p.e_off = uint32_t(addend->offset()), p.e_rs = addend->ndim() == 2 ? uint32_t(addend->strides()[0]) : 0u;
+    p.dtypes |= dtype_code(addend->dtype()) << 20;
+  }
   // Workgroups of 4 subgroups (kernels/matmul/matmul_gemv.comp), one column each on a GPU; a CPU device (lavapipe)
-  // pays per workgroup, so there each takes 64 columns.
-  const uint32_t cols = ctx.properties().deviceType == VK_PHYSICAL_DEVICE_TYPE_CPU ? 64 : 4;
-  ctx.dispatch(plan.kernel, {in(a), in(b), out(c)}, p, Groups{uint32_t((plan.N + cols - 1) / cols), 1, 1},
-               {4 * std::max<uint32_t>(ctx.features().subgroup_size, 1), cols});
+  // pays per workgroup, so there each takes 64 columns. Few columns of a long K (a LoRA adapter's x Aᵀ) split K
+  // among a workgroup's subgroups, one column per workgroup.
+  const bool split_k = plan.N < kGemvSplitBelowN && plan.K >= kGemvSplitFromK;
+  const uint32_t cols = split_k ? 1 : ctx.properties().deviceType == VK_PHYSICAL_DEVICE_TYPE_CPU ? 64 : 4;
+  // Without the terms, bindings 3, 4 and 5 (U, V, E) see A, B and A again.
+  ctx.dispatch(plan.kernel,
+               {in(a), in(b), out(c), in(lr ? *lr->u : a), in(lr ? *lr->v : b), in(addend ? *addend : a)}, p,
+               Groups{uint32_t((plan.N + cols - 1) / cols), 1, 1},
+               {4 * std::max<uint32_t>(ctx.features().subgroup_size, 1), cols, split_k ? 4u : 1u});
+}
+
+// C = A B (+ U V) + E on matmul_gemv, where its plan takes the product and E's rows have unit stride; false,
+// recording nothing, elsewhere.
+bool record_gemv_add(const Tensor& a, const Tensor& b, const Tensor& e, const LowRankTerm* lr, Tensor& c) {
+  Context& ctx = context_for(c.device());
+  if (c.numel() == 0 || a.dim(-1) == 0 || e.strides().back() != 1 || (e.ndim() == 2 && e.strides()[0] < 0))
+    return false;
+  const std::optional<MatmulPlan> plan = plan_matmul(ctx, a, b, c, lr);
+  if (!plan || plan->route != MatmulRoute::gemv) return false;
+  record_gemv(ctx, *plan, a, b, c, 1.0f, lr, &e);
+  return true;
 }
 
 }  // namespace
@@ -197,7 +238,7 @@ bool record_matmul(const Tensor& a, const Tensor& b, Tensor& c, const LowRankTer
   switch (plan->route) {
     case MatmulRoute::coopmat2: record_cm2(ctx, plan->kernel, a, b, c, lr); break;
     case MatmulRoute::skinny: record_skinny(ctx, a, b, c, alpha); return true;  // alpha in its sums
-    case MatmulRoute::gemv: record_gemv(ctx, *plan, a, b, c, alpha); return true;
+    case MatmulRoute::gemv: record_gemv(ctx, *plan, a, b, c, alpha, lr); return true;
     default: record_tiled(ctx, *plan, a, b, c, lr, acc);
   }
   if (alpha != 1.0f) {
@@ -212,6 +253,14 @@ bool record_matmul(const Tensor& a, const Tensor& b, Tensor& c, const LowRankTer
 
 void Matmul::eval_vulkan(const std::vector<Tensor>& in, std::vector<Tensor>& out) {
   vk::record_matmul(in[0], in[1], out[0], nullptr, nullptr, alpha);
+}
+
+// The addend in matmul_gemv's epilogue where it takes the product (decode), else composed of ops.
+void MatmulAdd::eval_vulkan(const std::vector<Tensor>& in, std::vector<Tensor>& out) {
+  const bool low_rank = in.size() > 3;
+  const vk::LowRankTerm lr{low_rank ? &in[3] : nullptr, low_rank ? &in[4] : nullptr, alpha};
+  if (vk::record_gemv_add(in[0], in[1], in[2], low_rank ? &lr : nullptr, out[0])) return;
+  compose(in, out);
 }
 
 // In the fast kernel's epilogue where it takes the product, else composed: c ⊙ scale + a b.

@@ -209,6 +209,15 @@ bool gemv_takes(MatmulPlan& p, const Tensor& a, const Tensor& b, int64_t a_rs, i
   return true;
 }
 
+// Whether matmul_gemv takes a low-rank addend U [M, R] V [R, N]: unbatched, U's rows and V's columns (a LoRA
+// B [N, R] seen transposed) with unit stride along R, as its subgroups read them.
+bool gemv_takes_low_rank(const LowRankTerm& lr, const std::vector<BatchDim>& batch) {
+  const Tensor &u = *lr.u, &v = *lr.v;
+  const int64_t R = u.dim(1);
+  return batch.empty() && u.ndim() == 2 && v.ndim() == 2 && (u.strides()[1] == 1 || R == 1) &&
+         (v.strides()[0] == 1 || R == 1);
+}
+
 }  // namespace
 
 std::string MatmulPlan::describe() const {
@@ -217,7 +226,8 @@ std::string MatmulPlan::describe() const {
   switch (route) {
     case MatmulRoute::coopmat2: return "coopmat2 " + tile_size + " " + layout;
     case MatmulRoute::skinny: return "coopmat skinny " + layout;
-    case MatmulRoute::gemv: return "gemv " + std::to_string(gemv_rows) + " " + layout;
+    case MatmulRoute::gemv:
+      return "gemv " + std::to_string(gemv_rows) + " " + layout + (low_rank ? " low-rank" : "");
     default: break;
   }
   const bool cm = route != MatmulRoute::scalar;
@@ -243,8 +253,8 @@ std::optional<MatmulPlan> plan_matmul(Context& ctx, const Tensor& a, const Tenso
   p.ta = a_cs != 1 && a_rs == 1, p.tb = b_cs != 1 && b_rs == 1;
 
   const std::vector<BatchDim> batch = fold_batch(a, b, c);
-  if (!acc && !lr && kc.automatic_matmul() && ctx.features().subgroup_arithmetic &&
-      gemv_takes(p, a, b, a_rs, a_cs, b_rs, b_cs, batch)) {
+  if (!acc && (!lr || gemv_takes_low_rank(*lr, batch)) && kc.automatic_matmul() &&
+      ctx.features().subgroup_arithmetic && gemv_takes(p, a, b, a_rs, a_cs, b_rs, b_cs, batch)) {
     p.route = MatmulRoute::gemv;
     p.kernel = variant(ctx, "matmul_gemv");
     return p;
