@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Builds lmtune with AddressSanitizer and UndefinedBehaviorSanitizer (LMTUNE_SANITIZE) in build-sanitize/ and runs
-# the whole test suite there once, CPU and Vulkan (lavapipe) alike. Any sanitizer report fails its test: undefined
-# behaviour aborts, leaks fail at exit (tests/sanitizers/lsan.supp lists the libraries outside lmtune whose
-# allocations are not its leaks). Arguments go to ctest, e.g. scripts/test_sanitized.sh -R test_io.
+# Builds lmtune's tests with AddressSanitizer and UndefinedBehaviorSanitizer (LMTUNE_SANITIZE) in build-sanitize/
+# and runs them, CPU and Vulkan (lavapipe) alike. Any sanitizer report fails its test: undefined behaviour aborts,
+# leaks fail at exit (tests/sanitizers/lsan.supp lists the libraries outside lmtune whose allocations are not its
+# leaks). Usage: scripts/test_sanitized.sh [TEST_BINARY...]   e.g. scripts/test_sanitized.sh test_io test_data
+# With no names: every target and every ctest entry; with names: only those test binaries are built and run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [[ ! -f build-sanitize/CMakeCache.txt ]]; then
@@ -12,10 +13,16 @@ if [[ ! -f build-sanitize/CMakeCache.txt ]]; then
   cmake -S . -B build-sanitize -DCMAKE_BUILD_TYPE=Release "-DCMAKE_CXX_FLAGS_RELEASE=-O1 -g1 -DNDEBUG" \
     -DLMTUNE_SANITIZE=ON
 fi
-cmake --build build-sanitize -j"$(nproc)"
 export ASAN_OPTIONS=detect_leaks=1:strict_string_checks=1:detect_stack_use_after_return=1:check_initialization_order=1
 export LSAN_OPTIONS=suppressions=$PWD/tests/sanitizers/lsan.supp:print_suppressions=0
 export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
-cd build-sanitize
-# serve_soak measures the server's RSS, which ASan's quarantine of freed memory inflates by design.
-ctest --output-on-failure -j"$(nproc)" --timeout 1800 -E '^serve_soak$' "$@"
+if [[ $# -eq 0 ]]; then
+  cmake --build build-sanitize -j"$(nproc)"
+  cd build-sanitize
+  # serve_soak measures the server's RSS, which ASan's quarantine of freed memory inflates by design.
+  ctest --output-on-failure -j"$(nproc)" --timeout 1800 -E '^serve_soak$'
+else
+  cmake --build build-sanitize -j"$(nproc)" --target "$@"
+  cd build-sanitize
+  ctest --output-on-failure -j"$(nproc)" --timeout 1800 -R "^($(IFS='|'; echo "$*"))\$"
+fi
