@@ -151,7 +151,8 @@ def main():
     p.add_argument("--rounds", type=int, default=4)
     p.add_argument("--requests", type=int, default=1000)
     p.add_argument("--concurrency", type=int, default=8)
-    p.add_argument("--tolerance", type=float, default=0.10, help="allowed RSS growth of the last round over the first two")
+    p.add_argument("--tolerance", type=float, default=0.10,
+                   help="allowed RSS growth of the last round over the first two")
     p.add_argument("--json", action="store_true")
     a = p.parse_args()
 
