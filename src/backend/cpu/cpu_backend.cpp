@@ -160,14 +160,17 @@ ThreadPool& pool() {
 
 namespace {
 int requested_threads = 0;  // set_num_threads(), before the pool exists
+
+int threads_from_environment() {  // LMTUNE_THREADS, or 0 when unset or not a positive number
+  const char* s = std::getenv("LMTUNE_THREADS");
+  int v = s ? std::atoi(s) : 0;
+  return v > 0 ? v : 0;
+}
 }  // namespace
 
 int num_threads() {
   static int n = [] {
-    if (const char* s = std::getenv("LMTUNE_THREADS")) {
-      int v = std::atoi(s);
-      if (v > 0) return v;
-    }
+    if (int v = threads_from_environment()) return v;
     if (requested_threads > 0) return requested_threads;
     unsigned hc = std::thread::hardware_concurrency();
     return hc ? int(hc) : 1;
@@ -176,7 +179,7 @@ int num_threads() {
 }
 
 void set_num_threads(int n) {
-  if (n < 1 || std::getenv("LMTUNE_THREADS")) return;
+  if (n < 1 || threads_from_environment()) return;
   requested_threads = n;
   openblas_set_num_threads(n);
 }
