@@ -11,7 +11,9 @@ lmtune, agree with the implementation users compare against:
 
 It also recomputes the rope-scaling model fixtures (tests/models/fixtures/{llama_yarn,qwen2_longrope,
 llama_dynamic}) with transformers' own models: logits and loss past the original length, the packed row alone,
-and the KV-cache timeline of generate (--rope: only these).
+and the KV-cache timeline of generate (--rope: only these), and the mixture-of-experts fixtures
+(tests/models/fixtures/{mixtral,qwen3_moe}, --moe: only these) with transformers' Mixtral and Qwen3-MoE classes:
+logits of each document alone, the loss, and the load-balancing loss of the whole batch.
 
 Prints the largest relative difference per quantity and exits 1 if any exceeds 1e-5 (the fixtures are float32).
 """
@@ -166,13 +168,51 @@ def rope_scaling():
             compare(f"{name} cached generate logits", torch.stack(steps), ref["generate.logits"][0, P - 1:])
 
 
+def mixtures_of_experts():
+    """mixtral (stored per expert, as transformers 4 wrote it) and qwen3_moe (stacked, as transformers 5 writes):
+    each document of the batch alone (transformers has no packed-document mask), the loss, and
+    load_balancing_loss_func over the router logits of all 22 tokens."""
+    for name in ("mixtral", "qwen3_moe"):
+        d = os.path.join(ROOT, "tests", "models", "fixtures", name)
+        ref = load_file(os.path.join(d, "reference.safetensors"))
+        ids, docs = ref["ids"].long(), ref["doc_ids"]
+        model = fresh_model(d)
+        logits = torch.zeros(ref["logits"].shape, dtype=torch.float64)
+        router = {}
+        with torch.no_grad():
+            for b in range(ids.shape[0]):
+                for doc in docs[b].unique():
+                    cols = (docs[b] == doc).nonzero().flatten()
+                    out = model(input_ids=ids[b:b + 1, cols], output_router_logits=True)
+                    logits[b, cols] = out.logits[0]
+                    for layer, rl in enumerate(out.router_logits):
+                        for j, c in enumerate(cols.tolist()):
+                            router[(layer, b, c)] = rl.reshape(len(cols), -1)[j]
+        compare(f"{name} logits", logits, ref["logits"])
+        targets = ref["targets"].long()
+        keep = targets != -100
+        compare(f"{name} loss", F.cross_entropy(logits[keep], targets[keep]), ref["loss"])
+        layers = sorted({k[0] for k in router})
+        per_layer = tuple(torch.stack([router[(l, b, c)] for b in range(ids.shape[0]) for c in range(ids.shape[1])])
+                          for l in layers)
+        cfg = model.config
+        experts = getattr(cfg, "num_local_experts", None) or cfg.num_experts
+        module = sys.modules[type(model).__module__]
+        aux = module.load_balancing_loss_func(per_layer, experts, cfg.num_experts_per_tok)
+        compare(f"{name} router aux loss", aux, ref["aux_loss"])
+
+
 def main():
     torch.manual_seed(0)
     only_rope = "--rope" in sys.argv[1:]
-    if not only_rope:
+    only_moe = "--moe" in sys.argv[1:]
+    if not only_rope and not only_moe:
         preference()
         logprobs()
-    rope_scaling()
+    if not only_moe:
+        rope_scaling()
+    if not only_rope:
+        mixtures_of_experts()
     bad = False
     for what, err in worst.items():
         print(f"{what:40s} max relative difference {err:.2e}")

@@ -4,7 +4,8 @@
 Run with Debian's PyTorch:  /usr/bin/python3 scripts/reference_models.py [--out tests/models/fixtures]
 
 For each architecture (llama, llama3 with llama3 rope scaling, mistral, qwen2 with q/k/v biases, qwen3,
-gemma2, gemma3_text; llama_yarn, qwen2_longrope and llama_dynamic for the rope scalings) it writes a tiny random
+gemma2, gemma3_text; llama_yarn, qwen2_longrope and llama_dynamic for the rope scalings; mixtral and qwen3_moe,
+mixtures of experts) it writes a tiny random
 checkpoint in HuggingFace layout (config.json + model.safetensors, written by the standard-library safetensors
 writer below; mistral is sharded with an index) and reference.safetensors
 holding the inputs (ids, positions, doc_ids, targets) and the outputs of the PyTorch model written here from the
@@ -15,7 +16,12 @@ Nothing here imports transformers: the model is re-derived so that a shared misu
 The batch is B=2, T=11: row 0 is one document (positions 0..10), row 1 packs three documents (positions reset
 to 0 at each boundary, attention never crosses a boundary). Sliding windows are 4, so they matter.
 The rope-scaling fixtures' original context is 8 (the batch goes past it) and they add "short.logits" and
-"generate.logits" (see rope_outputs).   --only NAME... writes just those fixtures.
+"generate.logits" (see rope_outputs). The mixture-of-experts fixtures add "aux_loss" (transformers'
+load_balancing_loss_func over every expert layer's router logits) and its gradient w.r.t. layer 0's router
+("grad_aux.<name>"); mixtral is stored in the per-expert layout of transformers 4
+(block_sparse_moe.experts.E.w1/w2/w3), qwen3_moe in the stacked layout of transformers 5 (mlp.experts.gate_up_proj /
+down_proj).
+--only NAME... writes just those fixtures.
 """
 import argparse
 import json
@@ -166,7 +172,35 @@ def linear(p, name, x, bias):
     return y + p[name + ".bias"] if bias else y
 
 
-def forward(spec, p, ids, positions, doc_ids, token_seq_len=None):
+def moe_mlp(a, p, pre, h, router_logits):
+    """Mixtral / Qwen3-MoE sparse block: softmax router, top-k, optional renormalization, dropless experts."""
+    x = h.reshape(-1, h.shape[-1])
+    logits = x @ p[pre + "mlp.gate.weight"].T
+    router_logits.append(logits)
+    top, idx = torch.topk(torch.softmax(logits, -1), a["top_k"], -1)
+    if a["norm_topk"]:
+        top = top / top.sum(-1, keepdim=True)
+    gate_up, down = p[pre + "mlp.experts.gate_up_proj"], p[pre + "mlp.experts.down_proj"]
+    EI = down.shape[-1]
+    rows = []
+    for n in range(x.shape[0]):
+        y = torch.zeros_like(x[n])
+        for s in range(a["top_k"]):
+            gu = gate_up[idx[n, s]] @ x[n]
+            y = y + top[n, s] * (down[idx[n, s]] @ (act(a["act"], gu[:EI]) * gu[EI:]))
+        rows.append(y)
+    return torch.stack(rows).reshape(h.shape)
+
+
+def load_balancing_loss(router_logits, E, k):
+    """transformers' load_balancing_loss_func without an attention mask."""
+    probs = torch.softmax(torch.cat(router_logits, 0), -1)
+    _, idx = torch.topk(probs, k, -1)
+    tokens_per_expert = torch.nn.functional.one_hot(idx, E).to(probs.dtype).mean(0)  # [k, E]
+    return (tokens_per_expert * probs.mean(0)[None]).sum() * E
+
+
+def forward(spec, p, ids, positions, doc_ids, token_seq_len=None, router_logits=None):
     a = spec["arch"]
     B, T = ids.shape
     H, KV, D = a["heads"], a["kv_heads"], a["head_dim"]
@@ -208,8 +242,11 @@ def forward(spec, p, ids, positions, doc_ids, token_seq_len=None):
         # MLP
         norm = "pre_feedforward_layernorm" if gemma else "post_attention_layernorm"
         h = rms_norm(x, p[pre + norm + ".weight"], a["eps"], one_plus)
-        m = act(a["act"], linear(p, pre + "mlp.gate_proj", h, False)) * linear(p, pre + "mlp.up_proj", h, False)
-        m = linear(p, pre + "mlp.down_proj", m, False)
+        if a.get("moe_layers", [False] * a["layers"])[l]:
+            m = moe_mlp(a, p, pre, h, router_logits if router_logits is not None else [])
+        else:
+            m = act(a["act"], linear(p, pre + "mlp.gate_proj", h, False)) * linear(p, pre + "mlp.up_proj", h, False)
+            m = linear(p, pre + "mlp.down_proj", m, False)
         if gemma:
             m = rms_norm(m, p[pre + "post_feedforward_layernorm.weight"], a["eps"], one_plus)
         x = x + m
@@ -311,6 +348,50 @@ def fixtures():
                      attn_scale=16 ** -0.5, windows=[WINDOW, 0, WINDOW], eps=1e-6,
                      ropes=[g3_local, g3_global, g3_local]), {}))
     out += rope_scaling_fixtures(arch)
+    out += moe_fixtures(arch)
+    return out
+
+
+def moe_fixtures(arch):
+    """Mixtral (every layer sparse, top-2 of 4, renormalized) and Qwen3-MoE (top-3 of 8 experts of 24, not
+    renormalized; layer 1 dense through mlp_only_layers)."""
+    out = []
+    out.append(("mixtral", base_config("mixtral", "MixtralForCausalLM", 2, hidden_act="silu", rope_theta=1000000.0,
+                                       num_local_experts=4, num_experts_per_tok=2, sliding_window=None,
+                                       router_aux_loss_coef=0.02, output_router_logits=False,
+                                       tie_word_embeddings=False),
+                arch(2, ropes=[{"theta": 1000000.0}] * 2, moe_layers=[True, True], experts=4, top_k=2,
+                     expert_size=I, norm_topk=True), {"per_expert": True}))
+    out.append(("qwen3_moe", base_config("qwen3_moe", "Qwen3MoeForCausalLM", 3, hidden_act="silu", head_dim=16,
+                                         num_experts=8, num_experts_per_tok=3, moe_intermediate_size=24,
+                                         norm_topk_prob=False, decoder_sparse_step=1, mlp_only_layers=[1],
+                                         router_aux_loss_coef=0.001, tie_word_embeddings=False,
+                                         attention_bias=False,
+                                         rope_parameters={"rope_type": "default", "rope_theta": 1000000.0}),
+                arch(3, head_dim=16, qk_norm=True, ropes=[{"theta": 1000000.0}] * 3,
+                     moe_layers=[True, False, True], experts=8, top_k=3, expert_size=24, norm_topk=False), {}))
+    return out
+
+
+def per_expert_layout(weights):
+    """transformers 4's per-expert Mixtral names (block_sparse_moe.experts.E.w1/w2/w3) for the stacked experts."""
+    out = {}
+    for name, t in weights.items():
+        if ".mlp.experts." not in name and not name.endswith(".mlp.gate.weight"):
+            out[name] = t
+            continue
+        layer = name[:name.index(".mlp.") + 1]
+        block = layer + "block_sparse_moe."
+        if name.endswith(".mlp.gate.weight"):
+            out[block + "gate.weight"] = t
+        elif name.endswith("gate_up_proj"):
+            EI = t.shape[1] // 2
+            for e in range(t.shape[0]):
+                out[block + f"experts.{e}.w1.weight"] = t[e, :EI].clone()
+                out[block + f"experts.{e}.w3.weight"] = t[e, EI:].clone()
+        else:
+            for e in range(t.shape[0]):
+                out[block + f"experts.{e}.w2.weight"] = t[e].clone()
     return out
 
 
@@ -394,6 +475,13 @@ def make_params(a, gen):
         if a["qk_norm"]:
             p[pre + "self_attn.q_norm.weight"] = norm(D)
             p[pre + "self_attn.k_norm.weight"] = norm(D)
+        if a.get("moe_layers", [False] * L)[l]:
+            E, EI = a["experts"], a["expert_size"]
+            # A wide router: well-separated probabilities, so that the top-k choice is not a near tie.
+            p[pre + "mlp.gate.weight"] = rnd(E, C, std=3 * C ** -0.5)
+            p[pre + "mlp.experts.gate_up_proj"] = rnd(E, 2 * EI, C, std=C ** -0.5)
+            p[pre + "mlp.experts.down_proj"] = rnd(E, C, EI, std=EI ** -0.5)
+            continue
         p[pre + "mlp.gate_proj.weight"] = rnd(I, C, std=C ** -0.5)
         p[pre + "mlp.up_proj.weight"] = rnd(I, C, std=C ** -0.5)
         p[pre + "mlp.down_proj.weight"] = rnd(C, I, std=I ** -0.5)
@@ -424,8 +512,11 @@ def make_batch(gen):
 
 def grad_names(a):
     L = a["layers"]
-    names = ["model.embed_tokens.weight", "model.layers.0.self_attn.q_proj.weight",
-             f"model.layers.{L - 1}.mlp.down_proj.weight", "model.norm.weight"]
+    last_mlp = (f"model.layers.{L - 1}.mlp.experts.down_proj" if a.get("moe_layers", [False] * L)[L - 1]
+                else f"model.layers.{L - 1}.mlp.down_proj.weight")
+    names = ["model.embed_tokens.weight", "model.layers.0.self_attn.q_proj.weight", last_mlp, "model.norm.weight"]
+    if a.get("moe_layers", [False] * L)[0]:
+        names += ["model.layers.0.mlp.gate.weight", "model.layers.0.mlp.experts.gate_up_proj"]
     if a["qkv_bias"]:
         names.append("model.layers.0.self_attn.k_proj.bias")
     if a["qk_norm"]:
@@ -442,9 +533,19 @@ def write_fixture(root, name, cfg, a, opts, seed):
     wanted = grad_names(a)
     for n in wanted:
         p[n].requires_grad_(True)
-    logits = forward({"arch": a}, p, ids.long(), positions, doc_ids)
+    router_logits = []
+    logits = forward({"arch": a}, p, ids.long(), positions, doc_ids, router_logits=router_logits)
     loss = loss_fn(logits, targets)
-    loss.backward()
+    loss.backward(retain_graph=bool(router_logits))
+    aux = {}
+    if router_logits:
+        router = "model.layers.0.mlp.gate.weight"
+        kept = p[router].grad.clone()
+        p[router].grad = None
+        aux_loss = load_balancing_loss(router_logits, a["experts"], a["top_k"])
+        aux_loss.backward(inputs=[p[router]])
+        aux = {"aux_loss": aux_loss.detach().reshape(1).float(), "grad_aux." + router: p[router].grad.float()}
+        p[router].grad = kept
 
     d = os.path.join(root, name)
     shutil.rmtree(d, ignore_errors=True)
@@ -453,6 +554,8 @@ def write_fixture(root, name, cfg, a, opts, seed):
         json.dump(cfg, f, indent=2)
         f.write("\n")
     weights = {k: v.detach().float() for k, v in p.items()}
+    if opts.get("per_expert"):
+        weights = per_expert_layout(weights)
     shards = opts.get("shards", 1)
     if shards == 1:
         write_safetensors(os.path.join(d, "model.safetensors"), weights, {"format": "pt"})
@@ -478,6 +581,7 @@ def write_fixture(root, name, cfg, a, opts, seed):
         ref["grad." + n] = p[n].grad.float()
     if opts.get("rope_outputs"):
         ref.update(rope_outputs(a, p, ids, positions, doc_ids))
+    ref.update(aux)
     write_safetensors(os.path.join(d, "reference.safetensors"), ref,
                       {"loss_f64": repr(loss.item()), "eval_loss_row0_f64": repr(eval_loss.item()),
                        "generator": "scripts/reference_models.py"})

@@ -48,6 +48,12 @@ double bytes_per_step(const models::Decoder& d, double context) {
       bytes += double(lin->weight.nbytes()) + (lin->bias.defined() ? double(lin->bias.nbytes()) : 0.0);
       for (const models::LoraAdapter& a : lin->adapters) bytes += double(a.A.nbytes() + a.B.nbytes());
     }
+    // A batch-1 step reads the router and k of the E experts.
+    if (l.moe.router.defined()) {
+      const ModelConfig& mc = d.config();
+      bytes += double(l.moe.router.nbytes()) + double(l.moe.gate_up.nbytes() + l.moe.down.nbytes()) *
+                                                   double(mc.experts_per_token) / double(mc.num_experts);
+    }
   }
   const ModelConfig& c = d.config();
   const double kv_bytes = 2.0 * double(c.num_key_value_heads * c.head_dim) * double(dtype_size(d.compute_dtype()));

@@ -60,6 +60,15 @@ void print_model_info(const std::string& model_dir, const ModelInfoOptions& opt)
               (long long)c.intermediate_size, (long long)c.vocab_size);
   std::printf("  parameters      %lld (%.1fM)%s\n", (long long)params, double(params) / 1e6,
               c.tie_word_embeddings ? ", tied embeddings" : "");
+  if (c.num_experts > 0) {
+    int64_t moe = 0;
+    for (const LayerConfig& l : c.layers) moe += l.moe;
+    const int64_t active = models::active_parameter_count(c);
+    std::printf("  experts         %lld per layer in %lld of %lld layers, %lld per token (intermediate %lld)\n",
+                (long long)c.num_experts, (long long)moe, (long long)c.num_hidden_layers,
+                (long long)c.experts_per_token, (long long)c.moe_intermediate_size);
+    std::printf("  active          %lld parameters per token (%.1fM)\n", (long long)active, double(active) / 1e6);
+  }
   std::printf("  dtype           %s\n", stored.c_str());
   std::string scaling(rope_type_name(c.rope.type));
   if (c.rope.type != RopeType::standard && c.rope.type != RopeType::longrope)

@@ -97,6 +97,10 @@ ModelConfig gguf_model_config(const GgufFile& f) {
   const int64_t hidden = positive(f, a + "embedding_length", int64_t(1) << 16);
   const int64_t heads = positive(f, a + "attention.head_count", 1024);
   const int64_t layers = positive(f, a + "block_count", 1024);
+  // llama.cpp writes Mixtral as "llama" with experts (ffn_gate_exps); lmtune reads those from safetensors only.
+  if (f.opt_int(a + "expert_count").value_or(0) > 0)
+    f.fail_key(a + "expert_count",
+               "mixture-of-experts GGUF models are not supported (use the safetensors checkpoint)");
   j["hidden_size"] = hidden;
   j["intermediate_size"] = positive(f, a + "feed_forward_length", int64_t(1) << 20);
   j["num_hidden_layers"] = layers;
@@ -160,7 +164,8 @@ std::string gguf_arch_name(const ModelConfig& c) {
   if (c.model_type == "llama" || c.model_type == "mistral") return "llama";
   if (c.model_type == "gemma3_text" || c.model_type == "gemma3") return "gemma3";
   if (c.model_type == "qwen2" || c.model_type == "qwen3" || c.model_type == "gemma2") return c.model_type;
-  throw ConfigError("GGUF export: unsupported model type '" + c.model_type + "'");
+  throw ConfigError("GGUF export: unsupported model type '" + c.model_type + "'" +
+                    (c.num_experts > 0 ? " (mixtures of experts export to safetensors only)" : ""));
 }
 
 namespace {

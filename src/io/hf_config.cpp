@@ -1,8 +1,10 @@
 // config.json parsing. Defaults per model_type mirror the transformers config classes (LlamaConfig,
-// MistralConfig, Qwen2Config, Qwen3Config, Gemma2Config, Gemma3TextConfig), so a config that omits a key
-// means what it means to transformers (gemma-3 multimodal configs rely on this for their text_config).
+// MistralConfig, MixtralConfig, Qwen2Config, Qwen3Config, Qwen3MoeConfig, Gemma2Config, Gemma3TextConfig), so a
+// config that omits a key means what it means to transformers (gemma-3 multimodal configs rely on this for their
+// text_config).
 #include "io/hf_config.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include <nlohmann/json.hpp>
@@ -48,9 +50,13 @@ const ModelDefaults kModels[] = {
      false, false, false, true, true, 0, 0, 0, false},
     {"mistral", 32000, 4096, 14336, 32, 32, 8, 0, 4096 * 32, 1e-6, "silu", false, 10000.0, 4096,
      WindowRule::all_layers, false, false, false, false, false, 0, 0, 0, false},
+    {"mixtral", 32000, 4096, 14336, 32, 32, 8, 0, 4096 * 32, 1e-5, "silu", false, 1e6, 0,
+     WindowRule::all_layers, false, false, false, false, false, 0, 0, 0, false},
     {"qwen2", 151936, 4096, 22016, 32, 32, 32, 0, 32768, 1e-6, "silu", false, 10000.0, 4096,
      WindowRule::qwen_upper_layers, false, false, true, false, false, 0, 0, 0, false},
     {"qwen3", 151936, 4096, 22016, 32, 32, 32, 128, 32768, 1e-6, "silu", false, 10000.0, 4096,
+     WindowRule::qwen_upper_layers, false, true, false, true, false, 0, 0, 0, false},
+    {"qwen3_moe", 151936, 2048, 6144, 24, 32, 4, 0, 32768, 1e-6, "silu", false, 10000.0, 4096,
      WindowRule::qwen_upper_layers, false, true, false, true, false, 0, 0, 0, false},
     {"gemma2", 256000, 2304, 9216, 26, 8, 4, 256, 8192, 1e-6, "gelu_pytorch_tanh", true, 10000.0, 4096,
      WindowRule::gemma2_even_layers, true, false, false, true, false, 256, 50.0, 30.0, false},
@@ -291,6 +297,32 @@ const ModelDefaults& find_model(const Scope& top, const std::string& model_type)
   top.fail("model_type", "unsupported model type '" + model_type + "' (supported: " + list + ")");
 }
 
+// Mixture-of-experts keys (MixtralConfig, Qwen3MoeConfig defaults). Mixtral's every layer is sparse, with experts
+// of intermediate_size and the top-k probabilities always renormalized; Qwen3-MoE's layer i is sparse unless it is
+// listed in mlp_only_layers or (i + 1) is not a multiple of decoder_sparse_step.
+void parse_moe(const Scope& s, ModelConfig& c) {
+  const bool mixtral = c.model_type == "mixtral";
+  const char* experts_key = mixtral ? "num_local_experts" : "num_experts";
+  c.num_experts = s.positive_int(experts_key, mixtral ? 8 : 128, 4096);
+  c.experts_per_token = s.positive_int("num_experts_per_tok", mixtral ? 2 : 8, 4096);
+  if (c.experts_per_token > c.num_experts)
+    s.fail("num_experts_per_tok", std::to_string(c.experts_per_token) + " is more than the " +
+                                      std::to_string(c.num_experts) + " experts of " + experts_key);
+  c.moe_intermediate_size =
+      mixtral ? c.intermediate_size : s.positive_int("moe_intermediate_size", 768, int64_t(1) << 20);
+  c.norm_topk_prob = mixtral || s.opt_bool("norm_topk_prob").value_or(false);
+  c.router_aux_loss_coef = s.opt_num("router_aux_loss_coef").value_or(0.001);
+  if (!(c.router_aux_loss_coef >= 0)) s.fail("router_aux_loss_coef", "must be non-negative");
+  c.output_router_logits = s.opt_bool("output_router_logits").value_or(false);
+  if (mixtral && s.opt_num("router_jitter_noise").value_or(0.0) != 0.0)
+    s.fail("router_jitter_noise", "router jitter noise is not supported (set it to 0)");
+  std::vector<int64_t> dense_layers = s.int_list("mlp_only_layers");
+  const int64_t step = mixtral ? 1 : s.positive_int("decoder_sparse_step", 1, 1024);
+  for (int64_t i = 0; i < c.num_hidden_layers; ++i)
+    c.layers[size_t(i)].moe = (i + 1) % step == 0 &&
+                              std::find(dense_layers.begin(), dense_layers.end(), i) == dense_layers.end();
+}
+
 }  // namespace
 
 std::string_view activation_name(Activation a) {
@@ -303,8 +335,8 @@ std::string_view activation_name(Activation a) {
 }
 
 const std::vector<std::string>& supported_model_types() {
-  static const std::vector<std::string> types = {"llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3_text",
-                                                 "gemma3"};
+  static const std::vector<std::string> types = {"llama", "mistral",     "mixtral", "qwen2", "qwen3",
+                                                 "qwen3_moe", "gemma2", "gemma3_text", "gemma3"};
   return types;
 }
 
@@ -460,6 +492,7 @@ ModelConfig parse_model_config(std::string_view json_text, const std::string& wh
   c.norm_style = d.gemma ? NormStyle::one_plus_weight : NormStyle::weight;
   c.qk_norm = d.qk_norm;
   c.sandwich_norms = d.gemma;
+  if (c.model_type == "mixtral" || c.model_type == "qwen3_moe") parse_moe(s, c);
 
   // Token ids may sit in text_config or at the top level (gemma3).
   const Scope& eos_scope = s.has("eos_token_id") ? s : top;

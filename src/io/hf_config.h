@@ -57,6 +57,7 @@ enum class AttentionKind { full, sliding };
 
 struct LayerConfig {
   AttentionKind attention = AttentionKind::full;
+  bool moe = false;            // the MLP is a mixture of experts (ModelConfig::num_experts), else dense
   int64_t sliding_window = 0;  // > 0 on sliding layers: key j is visible from query i iff i - j < window
   RopeConfig rope;             // gemma3 sliding layers use rope_local_base_freq
 };
@@ -113,6 +114,16 @@ struct ModelConfig {
   bool sandwich_norms = false; // gemma2/3: post_attention_layernorm normalizes the attention output and
                                // pre_/post_feedforward_layernorm wrap the MLP; otherwise
                                // post_attention_layernorm is the pre-MLP norm (Llama naming)
+
+  // Mixture of experts (mixtral, qwen3_moe): on layers with LayerConfig::moe a router picks, per token, the
+  // experts_per_token most probable of num_experts SwiGLU experts (each of moe_intermediate_size) and sums their
+  // outputs weighted by those probabilities; the other layers keep the dense MLP of intermediate_size.
+  int64_t num_experts = 0;            // num_local_experts (mixtral), num_experts (qwen3_moe); 0: dense model
+  int64_t experts_per_token = 0;      // num_experts_per_tok
+  int64_t moe_intermediate_size = 0;  // mixtral: intermediate_size
+  bool norm_topk_prob = false;        // the chosen probabilities renormalized to sum to 1 (mixtral always)
+  double router_aux_loss_coef = 0;    // weight of the load-balancing loss
+  bool output_router_logits = false;  // transformers adds that loss to the training loss only when set
 
   std::vector<int64_t> eos_token_ids;
   std::optional<int64_t> bos_token_id;

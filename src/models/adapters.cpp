@@ -21,6 +21,7 @@ std::vector<NamedLinear> named_linears(DecoderWeights& w) {
     out.push_back({p + "self_attn.k_proj", "k_proj", &l.attn.k});
     out.push_back({p + "self_attn.v_proj", "v_proj", &l.attn.v});
     out.push_back({p + "self_attn.o_proj", "o_proj", &l.attn.o});
+    if (!l.mlp.gate.weight.defined() && !l.mlp.gate.qweight.defined()) continue;  // experts instead of an MLP
     out.push_back({p + "mlp.gate_proj", "gate_proj", &l.mlp.gate});
     out.push_back({p + "mlp.up_proj", "up_proj", &l.mlp.up});
     out.push_back({p + "mlp.down_proj", "down_proj", &l.mlp.down});

@@ -10,6 +10,7 @@
 //   x = x + a
 //   h = norm(x, pre_mlp_norm)
 //   m = down_proj(act(gate_proj(h)) * up_proj(h));  m = norm(m, post_mlp_norm)   (sandwich norms)
+//       or, on a mixture-of-experts layer, the routed experts' weighted sum (models/moe.h)
 //   x = x + m
 // followed by the final norm, lm_head and optional final soft-capping. Norms are RMSNorm with weight w or
 // (1 + w) (Gemma). The embedding is scaled by sqrt(C) for Gemma, the scale rounded to the compute dtype as
@@ -24,6 +25,7 @@
 #include "core/error.h"
 #include "core/ops.h"
 #include "core/ops/view.h"
+#include "models/moe.h"
 
 namespace lmtune::models {
 
@@ -58,7 +60,7 @@ std::vector<Linear*> DecoderWeights::linears() {
   std::vector<Linear*> out;
   for (LayerWeights& l : layers)
     for (Linear* p : {&l.attn.q, &l.attn.k, &l.attn.v, &l.attn.o, &l.mlp.gate, &l.mlp.up, &l.mlp.down})
-      out.push_back(p);
+      if (p->weight.defined() || p->qweight.defined()) out.push_back(p);  // expert layers have no dense MLP
   return out;
 }
 
@@ -67,7 +69,8 @@ std::vector<Tensor> LayerWeights::trainable() const {
   auto add = [&](const Tensor& t) {
     if (t.defined() && t.requires_grad()) out.push_back(t);
   };
-  for (const Tensor* t : {&input_norm, &post_attn_norm, &pre_mlp_norm, &post_mlp_norm, &attn.q_norm, &attn.k_norm})
+  for (const Tensor* t : {&input_norm, &post_attn_norm, &pre_mlp_norm, &post_mlp_norm, &attn.q_norm, &attn.k_norm,
+                          &moe.router, &moe.gate_up, &moe.down})
     add(*t);
   for (const Linear* lin : {&attn.q, &attn.k, &attn.v, &attn.o, &mlp.gate, &mlp.up, &mlp.down}) {
     add(lin->weight);
@@ -325,7 +328,7 @@ Tensor Decoder::norm(const Tensor& x, const Tensor& weight) const {
 }
 
 Tensor Decoder::layer_forward(int index, const Tensor& x, const Tensor& positions, const Tensor& inv_freq,
-                              const ForwardOptions& options) const {
+                              const ForwardOptions& options, Tensor* router_logits) const {
   const LayerWeights& w = weights_.layers[size_t(index)];
   const LayerConfig& lc = config_.layers[size_t(index)];
   const int64_t B = x.dim(0), T = x.dim(1);
@@ -365,16 +368,23 @@ Tensor Decoder::layer_forward(int index, const Tensor& x, const Tensor& position
   const Tensor r = config_.sandwich_norms ? ops::add(x, norm(w.attn.o(a, options.row_adapters), w.post_attn_norm))
                                           : w.attn.o.add_to(x, a, options.row_adapters);
 
-  // ---- MLP ----
-  h = norm(r, w.pre_mlp_norm);
-  Tensor gate = w.mlp.gate(h, options.row_adapters);
-  Tensor up = w.mlp.up(h, options.row_adapters);
+  return mlp_forward(w, lc, norm(r, w.pre_mlp_norm), r, options, router_logits);
+}
+
+Tensor Decoder::mlp_forward(const LayerWeights& w, const LayerConfig& lc, const Tensor& h, const Tensor& r,
+                            const ForwardOptions& options, Tensor* router_logits) const {
   ops::GateActivation act = ops::GateActivation::silu;
   switch (config_.hidden_act) {
     case Activation::silu: act = ops::GateActivation::silu; break;
     case Activation::gelu_tanh: act = ops::GateActivation::gelu_tanh; break;
     case Activation::gelu_erf: act = ops::GateActivation::gelu_erf; break;
   }
+  if (lc.moe) {
+    Tensor m = moe_mlp(w.moe, h, config_, act, router_logits);
+    return ops::add(r, config_.sandwich_norms ? norm(m, w.post_mlp_norm) : m);
+  }
+  Tensor gate = w.mlp.gate(h, options.row_adapters);
+  Tensor up = w.mlp.up(h, options.row_adapters);
   // act(gate) * up in one fused kernel (its backward saves only gate and up).
   Tensor gated = paths_.fused_glu ? ops::gated_activation(gate, up, act)
                                   : ops::gated_activation_reference(gate, up, act);
@@ -408,20 +418,29 @@ Tensor Decoder::forward_hidden(const Tensor& ids, const Tensor& positions, const
   const bool checkpointing = options.checkpoint_layers && grad_enabled() && !options.cache;
   const int layers = int(weights_.layers.size());
   for (int i = 0; i < layers; ++i) {
+    // Expert layers hand their router logits out when the load-balancing loss wants them.
+    const bool wants_logits = options.router_logits && config_.layers[size_t(i)].moe;
+    Tensor logits;
     if (checkpointing && i < layers - options.unchecked_layers) {
       // The recomputation runs during backward, after this call returns: capture by value.
       ForwardOptions opt = options;
       opt.cache = nullptr;
       opt.checkpoint_layers = false;
-      Fn layer = [this, i, positions, freq = inv_freq[size_t(i)], opt](const std::vector<Tensor>& in) {
-        return std::vector<Tensor>{layer_forward(i, in[0], positions, freq, opt)};
+      opt.router_logits = nullptr;
+      Fn layer = [this, i, positions, freq = inv_freq[size_t(i)], opt, wants_logits](const std::vector<Tensor>& in) {
+        Tensor l;
+        Tensor y = layer_forward(i, in[0], positions, freq, opt, wants_logits ? &l : nullptr);
+        return wants_logits ? std::vector<Tensor>{y, l} : std::vector<Tensor>{y};
       };
       // Parameters (adapters) are captured, not passed: checkpoint's backward gives captured leaves their
       // gradients even below the first trainable layer, where x itself needs none.
-      x = checkpoint(layer)({x})[0];
+      std::vector<Tensor> out = checkpoint(layer)({x});
+      x = out[0];
+      if (wants_logits) logits = out[1];
     } else {
-      x = layer_forward(i, x, positions, inv_freq[size_t(i)], options);
+      x = layer_forward(i, x, positions, inv_freq[size_t(i)], options, wants_logits ? &logits : nullptr);
     }
+    if (wants_logits) options.router_logits->push_back(logits);
   }
   if (options.cache) options.cache->advance(ids.dim(1));
   return norm(x, weights_.final_norm);

@@ -1,7 +1,8 @@
-// The decoder: one implementation of the Llama / Mistral / Qwen2 / Qwen3 / Gemma 2 / Gemma 3 text families,
+// The decoder: one implementation of the Llama / Mistral / Mixtral / Qwen2 / Qwen3 / Qwen3-MoE / Gemma 2 / Gemma 3
+// text families,
 // used alike by training, evaluation, generation and serving. Everything that differs between families is a
 // field of ModelConfig (io/hf_config.h) — norm style, sandwich norms, q/k norms, biases, embedding scale,
-// soft-capping, per-layer windows and rotary frequencies — never a model_type test.
+// soft-capping, per-layer windows, rotary frequencies and mixtures of experts — never a model_type test.
 //
 // Shapes: B batch, T tokens in this call, S keys seen (cache + T), C hidden, H query heads, KV key/value heads,
 // D head_dim, I intermediate, V vocab.
@@ -25,13 +26,22 @@ struct MlpWeights {
   Linear gate, up, down;
 };
 
+// A mixture-of-experts MLP (models/moe.h), stored as transformers 5 does: the experts' gate and up projections
+// stacked in one tensor, their down projections in another.
+struct MoeWeights {
+  Tensor router;   // [E, C] (mlp.gate.weight)
+  Tensor gate_up;  // [E, 2 I, C] (mlp.experts.gate_up_proj): rows [0, I) of expert e are its gate, [I, 2 I) its up
+  Tensor down;     // [E, C, I] (mlp.experts.down_proj)
+};
+
 struct LayerWeights {
   Tensor input_norm;      // input_layernorm, before attention
   Tensor post_attn_norm;  // sandwich norms only: post_attention_layernorm on the attention output
   Tensor pre_mlp_norm;    // before the MLP: post_attention_layernorm (Llama naming) or pre_feedforward_layernorm
   Tensor post_mlp_norm;   // sandwich norms only: post_feedforward_layernorm on the MLP output
   AttentionWeights attn;
-  MlpWeights mlp;
+  MlpWeights mlp;  // dense layers
+  MoeWeights moe;  // mixture-of-experts layers (LayerConfig::moe)
 
   // This layer's tensors that require grad (adapters, or weights being fully trained).
   std::vector<Tensor> trainable() const;
@@ -44,7 +54,7 @@ struct DecoderWeights {
   Tensor lm_head;     // [V, C]; the same tensor as embed when tie_word_embeddings
   Tensor lm_head_t;   // [C, V]: the frozen lm_head stored transposed too, or undefined (train.transposed_weights)
 
-  // Every Linear of every layer (q, k, v, o, gate, up, down per layer), e.g. to attach adapters.
+  // Every Linear of every layer (q, k, v, o, and gate, up, down of dense MLPs), e.g. to merge adapters.
   std::vector<Linear*> linears();
   // Trainable tensors: the adapters' A and B (and anything else set to require grad).
   std::vector<Tensor> trainable();
@@ -122,6 +132,9 @@ struct ForwardOptions {
   int64_t unchecked_layers = 0;   // with checkpoint_layers: the last N layers keep their activations instead
   // optional (serving): the adapter of each batch row; every Linear then applies only that adapter to that row.
   const RowAdapters* row_adapters = nullptr;
+  // optional: each mixture-of-experts layer appends its router logits (f32 [B * T, E]), for the load-balancing
+  // loss (router_aux_loss in models/moe.h).
+  std::vector<Tensor>* router_logits = nullptr;
 };
 
 // Where the decoder has a fused op and its composition from separate ops, which one it runs. The fused forms are
@@ -160,8 +173,11 @@ class Decoder {
   Tensor token_losses(const Tensor& hidden, const Tensor& targets) const;
 
  private:
+  // One layer; a mixture-of-experts layer also sets *router_logits when that is given.
   Tensor layer_forward(int index, const Tensor& x, const Tensor& positions, const Tensor& inv_freq,
-                       const ForwardOptions& options) const;
+                       const ForwardOptions& options, Tensor* router_logits = nullptr) const;
+  Tensor mlp_forward(const LayerWeights& w, const LayerConfig& lc, const Tensor& h, const Tensor& residual,
+                     const ForwardOptions& options, Tensor* router_logits) const;
   // Each layer's inverse frequencies for a call at these positions. dynamic and longrope rope depend on the
   // call's largest position (read back from positions: one small device read for those types only), as
   // transformers recomputes them per forward call; with a KV cache, cached keys keep the rotation of the call

@@ -9,8 +9,10 @@ using nlohmann::json;
 std::string causal_lm_class(const std::string& model_type) {
   if (model_type == "llama") return "LlamaForCausalLM";
   if (model_type == "mistral") return "MistralForCausalLM";
+  if (model_type == "mixtral") return "MixtralForCausalLM";
   if (model_type == "qwen2") return "Qwen2ForCausalLM";
   if (model_type == "qwen3") return "Qwen3ForCausalLM";
+  if (model_type == "qwen3_moe") return "Qwen3MoeForCausalLM";
   if (model_type == "gemma2") return "Gemma2ForCausalLM";
   if (model_type == "gemma3_text" || model_type == "gemma3") return "Gemma3ForCausalLM";
   throw ConfigError("unsupported model type '" + model_type + "'");
@@ -63,7 +65,7 @@ json eos(const std::vector<int64_t>& ids) {
 json hf_config_json(const ModelConfig& c, const json& extra) {
   const std::string type = c.model_type == "gemma3" ? "gemma3_text" : c.model_type;
   const bool gemma = type == "gemma2" || type == "gemma3_text";
-  const bool qwen = type == "qwen2" || type == "qwen3";
+  const bool qwen = type == "qwen2" || type == "qwen3" || type == "qwen3_moe";
   json j = json::object();
   j["architectures"] = {causal_lm_class(type)};
   j["model_type"] = type;
@@ -93,10 +95,10 @@ json hf_config_json(const ModelConfig& c, const json& extra) {
     j["attention_bias"] = c.qkv_bias;
     j["mlp_bias"] = c.mlp_bias;
     j["pretraining_tp"] = 1;
-  } else if (type == "mistral") {
+  } else if (type == "mistral" || type == "mixtral") {
     j["sliding_window"] = c.sliding_window ? json(*c.sliding_window) : json(nullptr);
   } else if (qwen) {
-    if (type == "qwen3") j["attention_bias"] = c.qkv_bias;
+    if (type != "qwen2") j["attention_bias"] = c.qkv_bias;
     j["use_sliding_window"] = c.use_sliding_window;
     j["sliding_window"] = c.sliding_window ? json(*c.sliding_window) : json(nullptr);
     j["max_window_layers"] = c.max_window_layers;
@@ -112,6 +114,21 @@ json hf_config_json(const ModelConfig& c, const json& extra) {
       j["sliding_window_pattern"] = c.sliding_window_pattern;
       j["rope_local_base_freq"] = c.rope_local ? c.rope_local->theta : 10000.0;
       j["layer_types"] = c.layer_types;
+    }
+  }
+  if (c.num_experts > 0) {
+    j[type == "mixtral" ? "num_local_experts" : "num_experts"] = c.num_experts;
+    j["num_experts_per_tok"] = c.experts_per_token;
+    j["router_aux_loss_coef"] = c.router_aux_loss_coef;
+    j["output_router_logits"] = c.output_router_logits;
+    if (type == "qwen3_moe") {
+      j["moe_intermediate_size"] = c.moe_intermediate_size;
+      j["norm_topk_prob"] = c.norm_topk_prob;
+      j["decoder_sparse_step"] = 1;
+      json dense = json::array();
+      for (size_t i = 0; i < c.layers.size(); ++i)
+        if (!c.layers[i].moe) dense.push_back(int64_t(i));
+      j["mlp_only_layers"] = dense;
     }
   }
   for (const auto& [key, value] : extra.items())

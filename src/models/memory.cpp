@@ -17,10 +17,15 @@ TrainingMemoryEstimate estimate_training_memory(const ModelConfig& c, const Trai
   const uint64_t N = uint64_t(o.batch * o.seq);  // tokens per step
   const uint64_t act = dtype_size(o.compute_dtype);
 
+  // Mixture-of-experts layers have no dense MLP (its projections, adapters and activations): their experts stay
+  // unquantized and untargeted, and per token they keep the router's logits and k experts' activations.
+  int64_t dense = 0;
+  for (const LayerConfig& l : c.layers) dense += !l.moe;
+  const int64_t sparse = L - dense, k = c.experts_per_token, EI = c.moe_intermediate_size;
   e.weights = uint64_t(parameter_count(c)) * dtype_size(o.weight_dtype);
-  if (o.quantize) {  // the seven projections of every layer at the format's bytes per element
+  if (o.quantize) {  // the projections of every layer at the format's bytes per element
     const quant::FormatInfo& f = quant::info(*o.quantize);
-    const uint64_t projections = uint64_t(L) * uint64_t(C * HD * 2 + C * KVD * 2 + 3 * C * I);
+    const uint64_t projections = uint64_t(L) * uint64_t(C * HD * 2 + C * KVD * 2) + uint64_t(dense * 3 * C * I);
     e.weights -= projections * dtype_size(o.weight_dtype);
     e.weights += projections * f.block_bytes / uint64_t(f.block_elems);
     // plus the one panel the products decode at a time (the largest projection, or the backend's cap)
@@ -28,8 +33,8 @@ TrainingMemoryEstimate estimate_training_memory(const ModelConfig& c, const Trai
     e.weights += std::min(kQuantizedPanelBytes, largest * act);
   }
   // LoRA on q, k, v, o, gate, up, down: R * (in + out) each.
-  const int64_t per_layer = o.rank * ((C + HD) + (C + KVD) * 2 + (HD + C) + (C + I) * 2 + (I + C));
-  e.lora_param_count = per_layer * L;
+  const int64_t attention = o.rank * ((C + HD) + (C + KVD) * 2 + (HD + C)), mlp = o.rank * ((C + I) * 2 + (I + C));
+  e.lora_param_count = attention * L + mlp * dense;
   e.lora_params = uint64_t(e.lora_param_count) * 4;
   e.lora_grads = e.lora_params;
   e.optimizer = 2 * e.lora_params;
@@ -38,7 +43,11 @@ TrainingMemoryEstimate estimate_training_memory(const ModelConfig& c, const Trai
   // before and after rope (2 (HD + 2 KVD)); attention output (HD); o_proj output and residual (2C); pre-MLP
   // norm (C); gate, up, product (3I: the fused gated activation saves no act(gate); the composition would
   // add I); down output (C); sandwich norms add their inputs (2C); LoRA intermediates (7R).
-  uint64_t per_token = uint64_t(6 * C + 2 * (HD + 2 * KVD) + HD + 3 * I + 7 * o.rank);
+  // Expert layers: router logits (f32), the k gathered inputs, gate-up, product and outputs, and the gathered
+  // outputs (k (3 C + 3 EI)), averaged over the layers.
+  const int64_t mlp_token = (dense * (3 * I + 3 * o.rank) + sparse * (2 * c.num_experts + k * (3 * C + 3 * EI))) /
+                            std::max<int64_t>(L, 1);
+  uint64_t per_token = uint64_t(6 * C + 2 * (HD + 2 * KVD) + HD + 4 * o.rank + mlp_token);
   if (c.sandwich_norms) per_token += uint64_t(2 * C);
   // The fused attention keeps no [T, T] scores, only each query row's log-sum-exp (f32 [B, H, T]).
   const uint64_t lse = N * uint64_t(H) * 4;

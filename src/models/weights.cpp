@@ -56,6 +56,13 @@ std::vector<ParamRef> parameter_map(const ModelConfig& c, DecoderWeights& w) {
       add(p + "self_attn.q_norm.weight", {D}, &l.attn.q_norm, ParamInit::norm);
       add(p + "self_attn.k_norm.weight", {D}, &l.attn.k_norm, ParamInit::norm);
     }
+    if (c.layers[size_t(i)].moe) {
+      const int64_t E = c.num_experts, EI = c.moe_intermediate_size;
+      add(p + "mlp.gate.weight", {E, C}, &l.moe.router, ParamInit::normal);
+      add(p + "mlp.experts.gate_up_proj", {E, 2 * EI, C}, &l.moe.gate_up, ParamInit::normal);
+      add(p + "mlp.experts.down_proj", {E, C, EI}, &l.moe.down, ParamInit::normal);
+      continue;
+    }
     linear(p + "mlp.gate_proj", l.mlp.gate, I, C, c.mlp_bias);
     linear(p + "mlp.up_proj", l.mlp.up, I, C, c.mlp_bias);
     linear(p + "mlp.down_proj", l.mlp.down, C, I, c.mlp_bias);
@@ -111,6 +118,14 @@ int64_t parameter_count(const ModelConfig& config) {
   int64_t n = 0;
   for (const ParamRef& p : parameter_map(config, w)) n += numel(p.shape);
   return n;
+}
+
+int64_t active_parameter_count(const ModelConfig& config) {
+  int64_t idle = 0;  // the experts a token skips, per expert layer
+  for (const LayerConfig& l : config.layers)
+    if (l.moe)
+      idle += (config.num_experts - config.experts_per_token) * 3 * config.hidden_size * config.moe_intermediate_size;
+  return parameter_count(config) - idle;
 }
 
 namespace {
@@ -218,6 +233,65 @@ quant::QuantizedTensor upload_quantized(const SafetensorsTensor& st, quant::Form
   return quant::from_blocks(format, st.shape, blocks, device);
 }
 
+// Tensors of shape `part` stacked in order into one tensor of `shape` (the per-expert layout of earlier transformers
+// versions, read into transformers 5's stacked experts).
+Tensor upload_stacked(const std::vector<const SafetensorsTensor*>& parts, const Shape& part, const Shape& shape,
+                      DType dtype, Device device) {
+  Tensor t = Tensor::empty(shape, dtype, device);
+  size_t offset = 0;
+  for (const SafetensorsTensor* st : parts) {
+    if (st->shape != part)
+      throw FileError(st->file.string() + ": tensor '" + st->name + "' has shape " + to_string(st->shape) +
+                      " but config.json implies " + to_string(part));
+    const DType src = weight_dtype(*st);
+    check_finite(*st, src);
+    std::vector<std::byte> converted;
+    std::span<const std::byte> bytes = st->data;
+    if (src != dtype) bytes = converted = convert_dtype(st->data, src, dtype);
+    backend(device).write(*t.buffer(), offset, bytes.data(), bytes.size());
+    offset += bytes.size();
+  }
+  return t;
+}
+
+// A mixture-of-experts tensor of the plain layout (model.layers.N.mlp.gate.weight, mlp.experts.gate_up_proj,
+// mlp.experts.down_proj) from the per-expert layout, or nullopt when `name` is none of those. Throws FileError
+// naming both layouts when neither is there.
+std::optional<Tensor> load_per_expert(const SafetensorsCheckpoint& ckpt, const NameLayout& layout,
+                                      const ParamRef& p, DType dtype, Device device, std::set<std::string>& used,
+                                      const std::string& where) {
+  const size_t mlp = p.name.find(".mlp.");
+  if (mlp == std::string::npos) return std::nullopt;
+  const std::string layer = p.name.substr(0, mlp + 1), what = p.name.substr(mlp + 5);
+  if (what != "gate.weight" && what != "experts.gate_up_proj" && what != "experts.down_proj") return std::nullopt;
+  const bool mixtral = ckpt.contains(layout.stored(layer + "block_sparse_moe.gate.weight"));
+  const std::string block = layer + (mixtral ? "block_sparse_moe." : "mlp.");
+  std::vector<std::string> names;
+  Shape part = p.shape;  // the router is one tensor; experts' projections one per expert (gate and up: two)
+  if (what == "gate.weight") names.push_back(block + "gate.weight");
+  for (int64_t e = 0; what != "gate.weight" && e < p.shape[0]; ++e) {
+    const std::string ex = block + "experts." + std::to_string(e) + ".";
+    if (what == "experts.down_proj") {
+      names.push_back(ex + (mixtral ? "w2.weight" : "down_proj.weight"));
+      part = {p.shape[1], p.shape[2]};
+    } else {
+      names.push_back(ex + (mixtral ? "w1.weight" : "gate_proj.weight"));
+      names.push_back(ex + (mixtral ? "w3.weight" : "up_proj.weight"));
+      part = {p.shape[1] / 2, p.shape[2]};
+    }
+  }
+  std::vector<const SafetensorsTensor*> parts;
+  for (const std::string& n : names) {
+    const SafetensorsTensor* st = ckpt.find(layout.stored(n));
+    if (!st)
+      throw FileError(where + ": missing tensor '" + layout.stored(p.name) + "' (or, per expert, '" +
+                      layout.stored(n) + "')");
+    parts.push_back(st);
+    used.insert(layout.stored(n));
+  }
+  return upload_stacked(parts, part, p.shape, dtype, device);
+}
+
 bool ignorable(const std::string& name) {
   for (const char* part : {"rotary_emb.inv_freq", "vision_tower.", "multi_modal_projector.", "vision_model."})
     if (name.find(part) != std::string::npos) return true;
@@ -246,6 +320,12 @@ DecoderWeights load_weights(const ModelConfig& config, const fs::path& checkpoin
   for (const ParamRef& p : parameter_map(config, w)) {
     const std::string name = layout.stored(p.name);
     const SafetensorsTensor* st = ckpt.find(name);
+    if (!st) {
+      if (auto stacked = load_per_expert(ckpt, layout, p, dtype, device, used, where)) {
+        *p.slot = *stacked;
+        continue;
+      }
+    }
     if (!st)
       throw FileError(where + ": missing tensor '" + name + "' (required by " + config.model_type +
                       " with " + std::to_string(config.num_hidden_layers) + " layers" +

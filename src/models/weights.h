@@ -5,6 +5,9 @@
 //   model.layers.N.pre_feedforward_layernorm.weight, model.layers.N.post_feedforward_layernorm.weight (Gemma),
 //   model.layers.N.self_attn.{q,k,v,o}_proj.{weight,bias}, model.layers.N.self_attn.{q,k}_norm.weight,
 //   model.layers.N.mlp.{gate,up,down}_proj.{weight,bias}
+//   model.layers.N.mlp.gate.weight, model.layers.N.mlp.experts.{gate_up_proj,down_proj} (mixture-of-experts
+//   layers, as transformers 5 writes them; loading also takes the per-expert layout of earlier versions:
+//   block_sparse_moe.{gate,experts.E.w1,w2,w3} (Mixtral), mlp.experts.E.{gate,up,down}_proj (Qwen3-MoE))
 // Multimodal wrappers store the same names under "language_model.model." / "language_model.lm_head." (older
 // transformers) or "model.language_model." (newer); loading detects the layout and saving writes the plain one.
 #pragma once
@@ -51,6 +54,8 @@ std::vector<int64_t> gguf_row_order(const std::string& hf_name, const ModelConfi
 
 // Total parameters (the tied lm_head counted once).
 int64_t parameter_count(const ModelConfig& config);
+// Parameters one token uses: the total less the experts a mixture-of-experts layer does not route it to.
+int64_t active_parameter_count(const ModelConfig& config);
 
 // Loads the weights of `config` from a checkpoint (a model directory with model.safetensors or a sharded
 // model.safetensors.index.json, a .safetensors file, or a GGUF model: see load_gguf_weights) onto `device`,

@@ -289,6 +289,13 @@ Recipe bind_all(const YAML::Node& root, const std::string& name) {
   b.bind("train.transposed_weights", r.train.transposed_weights, {"auto", "on", "off"});
   b.bind("train.seed", r.train.seed);
   b.bind("train.max_skipped_steps", r.train.max_skipped_steps);
+  double aux_coef = std::nan("");
+  b.bind("train.router_aux_loss_coef", aux_coef);
+  if (!std::isnan(aux_coef)) {
+    if (!(aux_coef >= 0 && std::isfinite(aux_coef)))
+      throw ConfigError(name + ": key 'train.router_aux_loss_coef' must be a non-negative number");
+    r.train.router_aux_loss_coef = aux_coef;
+  }
   b.bind("eval.every", r.eval.every);
   b.bind("eval.batches", r.eval.batches);
   b.bind("save.every", r.save.every);

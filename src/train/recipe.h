@@ -87,6 +87,9 @@ struct Recipe {
     std::string transposed_weights = "auto";  // auto | on | off: frozen weights also kept transposed (faster forward)
     uint64_t seed = 42;
     int max_skipped_steps = 10;      // consecutive NaN/Inf steps before stopping
+    // Mixture-of-experts models: weight of the router's load-balancing loss added to the training loss. Unset: the
+    // model config's router_aux_loss_coef when it sets output_router_logits, else 0 (as transformers trains).
+    std::optional<double> router_aux_loss_coef;
   } train;
 
   struct Eval {

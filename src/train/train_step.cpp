@@ -9,6 +9,7 @@
 #include "core/error.h"
 #include "core/ops.h"
 #include "models/linear.h"
+#include "models/moe.h"
 #include "train/grad_sync.h"
 
 namespace lmtune {
@@ -37,7 +38,7 @@ class PhaseClock {
 }  // namespace
 
 Tensor batch_loss_sum(const models::Decoder& model, const Batch& b, bool checkpoint_layers,
-                      int64_t unchecked_layers) {
+                      int64_t unchecked_layers, std::vector<Tensor>* router_logits) {
   const Device d = model.device();
   const Shape shape{b.B, b.T};
   Tensor ids = Tensor::from_ints(b.ids, shape, d);
@@ -47,6 +48,7 @@ Tensor batch_loss_sum(const models::Decoder& model, const Batch& b, bool checkpo
   fo.doc_ids = Tensor::from_ints(b.doc_ids, shape, d);  // packed documents (and padding) attend only to themselves
   fo.checkpoint_layers = checkpoint_layers;
   fo.unchecked_layers = unchecked_layers;
+  fo.router_logits = router_logits;
   // lm_head + cross-entropy fused over vocabulary chunks: no [B*T, V] logits (Decoder::token_losses).
   return ops::sum_all(model.token_losses(model.forward_hidden(ids, positions, fo), targets));
 }
@@ -59,6 +61,12 @@ StepOptions step_options(const Recipe& r, int64_t step, double lr) {
   so.seed = r.train.seed;
   so.step = step;
   return so;
+}
+
+double router_aux_loss_coef(const Recipe& r, const ModelConfig& config) {
+  if (config.num_experts == 0) return 0;
+  if (r.train.router_aux_loss_coef) return *r.train.router_aux_loss_coef;
+  return config.output_router_logits ? config.router_aux_loss_coef : 0;
 }
 
 StepResult train_step(const models::Decoder& model, Optimizer& opt, LossScaler& scaler,
@@ -78,6 +86,7 @@ StepResult train_step(const models::Decoder& model, Optimizer& opt, LossScaler& 
   // the middle of a step. A non-finite loss then skips the step as before (its gradients are discarded).
   std::vector<Tensor> sums;
   std::vector<size_t> sum_micro;  // the micro-batch of each sum
+  std::vector<Tensor> aux_sums;   // each micro-batch's router load-balancing loss (mixtures of experts)
   const size_t rank = o.ranks ? size_t(o.ranks->rank()) : 0, ranks = o.ranks ? size_t(o.ranks->size()) : 1;
   if (micro.size() % ranks != 0)
     throw ConfigError("training step: " + std::to_string(micro.size()) + " micro-batches do not split over " +
@@ -88,9 +97,19 @@ StepResult train_step(const models::Decoder& model, Optimizer& opt, LossScaler& 
     if (micro[i].trainable_tokens == 0) continue;
     std::unique_ptr<models::LoraDropoutScope> dropout;
     if (o.dropout) dropout = std::make_unique<models::LoraDropoutScope>(o.seed, uint64_t(o.step), uint64_t(i));
-    Tensor sum = batch_loss_sum(model, micro[i], o.checkpoint_layers, o.unchecked_layers);
+    std::vector<Tensor> router_logits;
+    const bool aux = o.router_aux_loss_coef > 0;
+    Tensor sum = batch_loss_sum(model, micro[i], o.checkpoint_layers, o.unchecked_layers,
+                                aux ? &router_logits : nullptr);
+    Tensor objective = ops::scale(sum, weight);
+    if (aux) {  // transformers adds coef x aux to each micro-batch's mean loss; the step averages micro-batches
+      Tensor a = models::router_aux_loss(router_logits, model.config().experts_per_token);
+      const double aux_weight = o.router_aux_loss_coef * loss_scale / double(micro.size());
+      objective = ops::add(objective, ops::scale(a, float(aux_weight)));
+      aux_sums.push_back(a.detach());
+    }
     clock.lap(&StepPhaseTimes::forward_s);
-    backward(ops::scale(sum, weight));
+    backward(objective);
     sums.push_back(sum.detach());
     sum_micro.push_back(i);
     clock.lap(&StepPhaseTimes::backward_s);
@@ -119,6 +138,12 @@ StepResult train_step(const models::Decoder& model, Optimizer& opt, LossScaler& 
     clock.lap(&StepPhaseTimes::all_reduce_s);
   }
   r.loss = loss_sum / double(r.trainable_tokens);
+  if (!aux_sums.empty()) {  // the mean over this rank's micro-batches, summed over ranks then averaged
+    std::vector<double> aux{0};
+    for (const Tensor& a : aux_sums) aux[0] += a.item();
+    if (ranks > 1) o.ranks->all_reduce_sum(aux);
+    r.metrics.push_back({"router_aux_loss", aux[0] / double(micro.size())});
+  }
   finish_step(r, opt, scaler, o, loss_scale);
   if (!r.applied) return r;
   clock.lap(&StepPhaseTimes::optimizer_s);  // the loss reads, gradient norm, clipping and the update

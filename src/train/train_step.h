@@ -18,8 +18,9 @@ namespace lmtune {
 // Σ over the batch's trainable targets of the token cross-entropy (f32 scalar, recorded for backward when
 // gradients are on). `dropout_step`/`micro` feed the LoRA dropout scope the caller may have opened.
 // With checkpoint_layers, the last `unchecked_layers` layers keep their activations (train.checkpoint_layers).
+// router_logits, when given, receives the mixture-of-experts layers' router logits (ForwardOptions).
 Tensor batch_loss_sum(const models::Decoder& model, const Batch& batch, bool checkpoint_layers,
-                      int64_t unchecked_layers = 0);
+                      int64_t unchecked_layers = 0, std::vector<Tensor>* router_logits = nullptr);
 
 // Wall time of a step's phases, summed over its micro-batches (`lmtune bench train`).
 struct StepPhaseTimes {
@@ -41,10 +42,16 @@ struct StepOptions {
   // Data parallelism: the ranks that share the step. Rank r runs backward over the r-th of size() equal
   // consecutive slices of the micro-batches; losses and gradients are summed over the ranks. Null: all of them.
   dist::Communicator* ranks = nullptr;
+  // Mixture-of-experts models: the load-balancing loss of each micro-batch (models::router_aux_loss over its
+  // tokens), times this and averaged over the step's micro-batches, is added to the objective; 0: not computed.
+  double router_aux_loss_coef = 0;
 };
 
 // What recipe r gives optimizer step `step` (0-based) at learning rate lr.
 StepOptions step_options(const Recipe& r, int64_t step, double lr);
+// The load-balancing loss weight recipe r gives a model of `config` (StepOptions::router_aux_loss_coef): 0 for a
+// dense model; train.router_aux_loss_coef when set; else the config's when it sets output_router_logits, else 0.
+double router_aux_loss_coef(const Recipe& r, const ModelConfig& config);
 
 struct StepResult {
   double loss = 0;               // Σ token losses / trainable tokens of the step (NaN when not finite)

@@ -222,6 +222,7 @@ TrainSummary train(const Recipe& r, const TrainOptions& options) {
     const Batcher::Cursor step_cursor = source->cursor();
     StepOptions so = step_options(r, s, learning_rate(r.schedule, r.optimizer.lr, int(s), r.train.steps));
     so.unchecked_layers = tm.unchecked_layers;
+    so.router_aux_loss_coef = router_aux_loss_coef(r, tm.decoder->config());
     if (ranks.size() > 1) so.ranks = &ranks;
     be.reset_peak();
     const auto t0 = Clock::now();

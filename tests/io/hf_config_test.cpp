@@ -247,6 +247,58 @@ TEST(HfConfig, Qwen3_06B) {
   EXPECT_DOUBLE_EQ(c.rope.theta, 1e6);
 }
 
+std::string config_error(const std::string& text);
+
+// Qwen3-30B-A3B's config.json (the keys that matter here): every layer sparse, 8 of 128 experts of 768.
+TEST(HfConfig, Qwen3MoeExpertsAndDenseLayers) {
+  const std::string base = R"({"model_type": "qwen3_moe", "hidden_size": 2048, "intermediate_size": 6144,
+    "moe_intermediate_size": 768, "num_hidden_layers": 48, "num_attention_heads": 32, "num_key_value_heads": 4,
+    "head_dim": 128, "num_experts": 128, "num_experts_per_tok": 8, "norm_topk_prob": true,
+    "decoder_sparse_step": 1, "mlp_only_layers": [], "router_aux_loss_coef": 0.001, "vocab_size": 151936})";
+  ModelConfig c = parse_model_config(base);
+  EXPECT_EQ(c.num_experts, 128);
+  EXPECT_EQ(c.experts_per_token, 8);
+  EXPECT_EQ(c.moe_intermediate_size, 768);
+  EXPECT_TRUE(c.norm_topk_prob);
+  EXPECT_TRUE(c.qk_norm);
+  EXPECT_FALSE(c.output_router_logits);
+  EXPECT_DOUBLE_EQ(c.router_aux_loss_coef, 0.001);
+  for (const LayerConfig& l : c.layers) EXPECT_TRUE(l.moe);
+  // Dense layers: listed, or off the sparse step; Qwen3MoeConfig's defaults otherwise.
+  const std::string sparse = R"("decoder_sparse_step": 1, "mlp_only_layers": [])";
+  std::string dense = base;
+  dense.replace(dense.find(sparse), sparse.size(), R"("decoder_sparse_step": 2, "mlp_only_layers": [3])");
+  c = parse_model_config(dense);
+  for (int i = 0; i < 6; ++i) EXPECT_EQ(c.layers[size_t(i)].moe, i == 1 || i == 5) << i;
+  c = parse_model_config(R"({"model_type": "qwen3_moe"})");
+  EXPECT_EQ(c.num_experts, 128);
+  EXPECT_EQ(c.experts_per_token, 8);
+  EXPECT_EQ(c.moe_intermediate_size, 768);
+  EXPECT_FALSE(c.norm_topk_prob);
+  EXPECT_EQ(c.head_dim, 2048 / 32);
+}
+
+TEST(HfConfig, MixtralAlwaysRenormalizesAndRefusesJitter) {
+  ModelConfig c = parse_model_config(R"({"model_type": "mixtral", "num_local_experts": 8, "num_experts_per_tok": 2,
+    "norm_topk_prob": false, "output_router_logits": true, "router_aux_loss_coef": 0.02})");
+  EXPECT_EQ(c.num_experts, 8);
+  EXPECT_EQ(c.moe_intermediate_size, 14336);
+  EXPECT_TRUE(c.norm_topk_prob);
+  EXPECT_TRUE(c.output_router_logits);
+  EXPECT_FALSE(c.sliding_window);
+  EXPECT_DOUBLE_EQ(c.rope.theta, 1e6);
+  EXPECT_DOUBLE_EQ(c.rms_norm_eps, 1e-5);
+  EXPECT_EQ(c.num_key_value_heads, 8);
+  for (const LayerConfig& l : c.layers) EXPECT_TRUE(l.moe);
+  std::string msg = config_error(R"({"model_type": "mixtral", "router_jitter_noise": 0.1})");
+  EXPECT_NE(msg.find("key 'router_jitter_noise': router jitter noise is not supported"), std::string::npos) << msg;
+  msg = config_error(R"({"model_type": "mixtral", "num_local_experts": 4, "num_experts_per_tok": 6})");
+  EXPECT_NE(msg.find("key 'num_experts_per_tok': 6 is more than the 4 experts of num_local_experts"),
+            std::string::npos) << msg;
+  msg = config_error(R"({"model_type": "qwen3_moe", "num_experts": 0})");
+  EXPECT_NE(msg.find("key 'num_experts': must be positive"), std::string::npos) << msg;
+}
+
 TEST(HfConfig, Gemma2_2B) {
   ModelConfig c = parse_model_config(kGemma2_2B);
   EXPECT_EQ(c.hidden_act, Activation::gelu_tanh);
@@ -379,7 +431,7 @@ TEST(HfConfig, ErrorsNameTheKey) {
   };
   std::string msg = config_error(with(kLlama2_7B, "\"model_type\": \"llama\"", "\"model_type\": \"phi3\""));
   EXPECT_NE(msg.find("config.json: key 'model_type': unsupported model type 'phi3' (supported: llama, mistral, "
-                     "qwen2, qwen3, gemma2, gemma3_text, gemma3)"), std::string::npos) << msg;
+                     "mixtral, qwen2, qwen3, qwen3_moe, gemma2, gemma3_text, gemma3)"), std::string::npos) << msg;
   msg = config_error(R"({"hidden_size": 8})");
   EXPECT_NE(msg.find("key 'model_type': missing"), std::string::npos) << msg;
   msg = config_error(with(kLlama32_1B, "\"factor\": 32.0", "\"factor\": \"big\""));

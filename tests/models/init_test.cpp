@@ -41,7 +41,8 @@ fs::path tiny_tokenizer() {
 TEST(Init, TinyPresetsGiveLoadableModels) {
   fs::path tok = tiny_tokenizer();
   EXPECT_EQ(tokenizer_vocab_size(tok), 62);
-  for (const char* preset : {"tiny-llama", "tiny-mistral", "tiny-qwen2", "tiny-qwen3", "tiny-gemma2", "tiny-gemma3"}) {
+  for (const char* preset : {"tiny-llama", "tiny-mistral", "tiny-qwen2", "tiny-qwen3", "tiny-gemma2", "tiny-gemma3",
+                             "tiny-mixtral", "tiny-qwen3-moe"}) {
     InitOptions o;
     o.preset = preset_path(preset);
     o.tokenizer_dir = tok;
@@ -130,6 +131,14 @@ TEST(Init, RealPresetsHavePublishedParameterCounts) {
   EXPECT_EQ(count("qwen3-1.7b"), 1720574976);
   EXPECT_EQ(count("gemma-3-1b"), 999885952);
   EXPECT_EQ(count("llama-3.1-8b"), 8030261248);
+  EXPECT_EQ(count("qwen3-30b-a3b"), 30532122624);
+  EXPECT_EQ(count("mixtral-8x7b"), 46702792704);
+  auto active = [](const char* name) {
+    return active_parameter_count(parse_model_config(yaml_file_to_json(preset_path(name)).dump(), name));
+  };
+  EXPECT_EQ(active("qwen3-30b-a3b"), 3353032704);  // "3.3B activated"
+  EXPECT_EQ(active("mixtral-8x7b"), 12879925248);  // "12.9B active"
+  EXPECT_EQ(active("llama-3.1-8b"), 8030261248);
   ModelConfig l = parse_model_config(yaml_file_to_json(preset_path("llama-3.2-1b")).dump());
   EXPECT_EQ(l.rope.type, RopeType::llama3);
   EXPECT_EQ(l.rope.original_max_pos, 8192);

@@ -61,6 +61,11 @@ TEST(Recipe, WrongTypesAndValues) {
   EXPECT_NE(error_of("data:\n  train: x\n").find("'model' is required"), std::string::npos);
   EXPECT_NE(error_of("model: [unclosed\n").find("invalid YAML"), std::string::npos);
   EXPECT_NE(error_of(kMinimal, {"noequals"}).find("key.sub=value"), std::string::npos);
+  EXPECT_NE(error_of(kMinimal, {"train.router_aux_loss_coef=-0.1"})
+                .find("'train.router_aux_loss_coef' must be a non-negative number"),
+            std::string::npos);
+  EXPECT_FALSE(parse_recipe(kMinimal, "r").train.router_aux_loss_coef);
+  EXPECT_EQ(*parse_recipe(kMinimal, "r", {"train.router_aux_loss_coef=0.02"}).train.router_aux_loss_coef, 0.02);
 }
 
 // Values that used to train (a NaN adapter, a negative learning rate) or be ignored are refused with the key.

@@ -1,0 +1,110 @@
+// Mixture-of-experts MLP and the router's load-balancing loss (see moe.h).
+#include "models/moe.h"
+
+#include <string>
+
+#include "core/error.h"
+#include "models/linear.h"
+
+namespace lmtune::models {
+
+ExpertRouting route_tokens(const std::vector<int32_t>& chosen, int64_t tokens, int64_t k, int64_t experts) {
+  if (int64_t(chosen.size()) != tokens * k)
+    throw ShapeError("moe: " + std::to_string(chosen.size()) + " expert choices for " + std::to_string(tokens) +
+                     " tokens of " + std::to_string(k));
+  ExpertRouting r;
+  r.offsets.assign(size_t(experts + 1), 0);
+  for (int32_t e : chosen) {
+    if (e < 0 || e >= experts) throw ShapeError("moe: expert index " + std::to_string(e) + " out of range");
+    ++r.offsets[size_t(e) + 1];
+  }
+  for (int64_t e = 0; e < experts; ++e) r.offsets[size_t(e + 1)] += r.offsets[size_t(e)];
+  std::vector<int64_t> next(r.offsets.begin(), r.offsets.end() - 1);
+  r.token_of_row.resize(chosen.size());
+  r.row_of_choice.resize(chosen.size());
+  // Tokens in order within each expert: the rows of expert e fill in as the tokens are visited.
+  for (int64_t n = 0; n < tokens; ++n)
+    for (int64_t s = 0; s < k; ++s) {
+      const size_t i = size_t(n * k + s);
+      const int64_t row = next[size_t(chosen[i])]++;
+      r.token_of_row[size_t(row)] = int32_t(n);
+      r.row_of_choice[i] = int32_t(row);
+    }
+  return r;
+}
+
+namespace {
+
+// Expert e's slice [rows, cols] of a stacked [E, rows, cols] weight (a view).
+Tensor expert_weight(const Tensor& stacked, int64_t e) {
+  return ops::reshape(ops::slice(stacked, 0, e, e + 1), {stacked.dim(1), stacked.dim(2)});
+}
+
+// The routing weights [N, k] in f32: the top-k probabilities, renormalized when the config says so.
+Tensor routing_weights(const Tensor& probs, int64_t k, bool normalize, Tensor* chosen) {
+  auto [top, idx] = ops::topk(probs, int(k));
+  *chosen = idx;
+  return normalize ? ops::div(top, ops::sum(top, {-1}, true)) : top;
+}
+
+}  // namespace
+
+Tensor moe_mlp(const MoeWeights& w, const Tensor& h, const ModelConfig& config, ops::GateActivation act,
+               Tensor* router_logits) {
+  const int64_t C = h.dim(-1), N = h.numel() / C, E = config.num_experts, k = config.experts_per_token;
+  const int64_t I = w.gate_up.dim(1) / 2;
+  const Tensor x = ops::reshape(h, {N, C});
+  const Tensor logits = ops::cast(Linear(w.router)(x), DType::f32);
+  if (router_logits) *router_logits = logits;
+  Tensor chosen;
+  const Tensor weights = ops::cast(routing_weights(ops::softmax(logits, -1), k, config.norm_topk_prob, &chosen),
+                                   h.dtype());
+  const ExpertRouting r = route_tokens(chosen.to_ints(), N, k, E);
+
+  const Device d = h.device();
+  const Tensor grouped = ops::embedding(x, Tensor::from_ints(r.token_of_row, {N * k}, d));  // [N k, C]
+  std::vector<Tensor> outputs;
+  for (int64_t e = 0; e < E; ++e) {
+    const int64_t begin = r.offsets[size_t(e)], end = r.offsets[size_t(e + 1)];
+    if (begin == end) continue;
+    const Tensor gu = Linear(expert_weight(w.gate_up, e))(ops::slice(grouped, 0, begin, end));  // [n, 2 I]
+    const Tensor a = ops::gated_activation(ops::slice(gu, -1, 0, I), ops::slice(gu, -1, I, 2 * I), act);
+    outputs.push_back(Linear(expert_weight(w.down, e))(a));  // [n, C]
+  }
+  const Tensor rows = outputs.size() == 1 ? outputs[0] : ops::concat(outputs, 0);
+  // Each token's k outputs gathered back [N, k, C], weighted and summed over k.
+  const Tensor mine = ops::embedding(rows, Tensor::from_ints(r.row_of_choice, {N, k}, d));
+  const Tensor y = ops::sum(ops::mul(mine, ops::reshape(weights, {N, k, 1})), {1});
+  return ops::reshape(y, h.shape());
+}
+
+Tensor router_aux_loss(const std::vector<Tensor>& router_logits, int64_t top_k,
+                       const std::vector<float>& token_mask) {
+  if (router_logits.empty()) throw ShapeError("router_aux_loss: no router logits (the model has no expert layers)");
+  const Tensor logits = router_logits.size() == 1 ? router_logits[0] : ops::concat(router_logits, 0);
+  const int64_t rows = logits.dim(0), E = logits.dim(1), per_layer = router_logits[0].dim(0);
+  if (!token_mask.empty() && int64_t(token_mask.size()) != per_layer)
+    throw ShapeError("router_aux_loss: token mask of " + std::to_string(token_mask.size()) + " for " +
+                     std::to_string(per_layer) + " tokens");
+  std::vector<float> mask(size_t(rows), 1.0f);
+  if (!token_mask.empty())
+    for (int64_t i = 0; i < rows; ++i) mask[size_t(i)] = token_mask[size_t(i % per_layer)];
+  double counted = 0;
+  for (float m : mask) counted += m;
+  if (counted == 0) return Tensor::zeros({}, DType::f32, logits.device());
+
+  const Tensor probs = ops::softmax(ops::cast(logits, DType::f32), -1);
+  // The share of the counted rows that picked each expert, summed over the k choices (no gradient).
+  const std::vector<int32_t> chosen = ops::topk(probs, int(top_k)).second.to_ints();
+  std::vector<float> share(size_t(E), 0.0f);
+  for (int64_t i = 0; i < rows; ++i)
+    for (int64_t s = 0; s < top_k; ++s) share[size_t(chosen[size_t(i * top_k + s)])] += mask[size_t(i)];
+  for (float& v : share) v = float(v / counted);
+  const Device d = logits.device();
+  const Tensor row_mask = Tensor::from_floats(mask, {rows, 1}, DType::f32, d);
+  const Tensor mean_probs = ops::scale(ops::sum(ops::mul(probs, row_mask), {0}), float(1.0 / counted));
+  const Tensor shares = Tensor::from_floats(share, {E}, DType::f32, d);
+  return ops::scale(ops::sum_all(ops::mul(mean_probs, shares)), float(E));
+}
+
+}  // namespace lmtune::models
