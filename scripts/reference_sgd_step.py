@@ -1,5 +1,6 @@
 #!/usr/bin/python3
-"""Independent float64 reference for one LoRA SGD step of lmtune's trainer (tests/train/fixtures/sgd_step/).
+"""Independent float64 reference for one LoRA SGD step of lmtune's trainer (tests/train/fixtures/sgd_step/ and
+sgd_step_qwen3_moe/).
 
 Run with Debian's PyTorch:  /usr/bin/python3 scripts/reference_sgd_step.py
 
@@ -14,7 +15,8 @@ reference model of reference_models.py (LoRA patched into its `linear`):
   new  = p - lr * c * g                                      (torch.optim.SGD, no momentum, no weight decay)
 
 and writes the adapter as a PEFT directory (adapter/) plus expected.safetensors: loss, grad_norm, max_norm, lr and
-"new.<module>.lora_A|B" for every module.
+"new.<module>.lora_A|B" for every module. The same step on the qwen3_moe fixture (a mixture of experts; LoRA on
+q_proj and v_proj of every layer and on down_proj of its one dense MLP layer) goes to sgd_step_qwen3_moe/.
 """
 import json
 import os
@@ -29,7 +31,8 @@ import reference_models as rm  # noqa: E402
 
 torch.set_default_dtype(torch.float64)
 RANK, ALPHA, LR = 4, 8.0, 0.5
-TARGETS = ("q_proj", "v_proj")
+STEPS = (("llama", "sgd_step", ("q_proj", "v_proj")),
+         ("qwen3_moe", "sgd_step_qwen3_moe", ("q_proj", "v_proj", "down_proj")))
 
 
 def read_safetensors(path):
@@ -47,11 +50,11 @@ def read_safetensors(path):
     return out
 
 
-def main():
+def step(name, out_name, targets):
     root = os.path.join(HERE, "..")
-    fixture = os.path.join(root, "tests", "models", "fixtures", "llama")
-    out_dir = os.path.join(root, "tests", "train", "fixtures", "sgd_step")
-    spec = next(f for f in rm.fixtures() if f[0] == "llama")
+    fixture = os.path.join(root, "tests", "models", "fixtures", name)
+    out_dir = os.path.join(root, "tests", "train", "fixtures", out_name)
+    spec = next(f for f in rm.fixtures() if f[0] == name)
     arch = spec[2]
     p = {k: v.double() for k, v in read_safetensors(os.path.join(fixture, "model.safetensors")).items()}
     ref = read_safetensors(os.path.join(fixture, "reference.safetensors"))
@@ -59,8 +62,11 @@ def main():
     gen = torch.Generator().manual_seed(4321)
     lora = {}
     for layer in range(arch["layers"]):
-        for t in TARGETS:
-            module = f"model.layers.{layer}.self_attn.{t}"
+        for t in targets:
+            block = "mlp" if t in ("gate_proj", "up_proj", "down_proj") else "self_attn"
+            module = f"model.layers.{layer}.{block}.{t}"
+            if module + ".weight" not in p:  # an expert layer has no dense MLP
+                continue
             w = p[module + ".weight"]
             a = (torch.randn(RANK, w.shape[1], generator=gen) * 0.3).float().double().requires_grad_(True)
             b = (torch.randn(w.shape[0], RANK, generator=gen) * 0.3).float().double().requires_grad_(True)
@@ -76,7 +82,10 @@ def main():
         return y
 
     rm.linear = linear_with_lora
-    logits = rm.forward({"arch": arch}, p, ref["ids"].long(), ref["positions"], ref["doc_ids"])
+    try:
+        logits = rm.forward({"arch": arch}, p, ref["ids"].long(), ref["positions"], ref["doc_ids"])
+    finally:
+        rm.linear = base_linear
     loss = rm.loss_fn(logits, ref["targets"])
     loss.backward()
     params = [t for ab in lora.values() for t in ab]
@@ -92,7 +101,7 @@ def main():
     rm.write_safetensors(os.path.join(out_dir, "adapter", "adapter_model.safetensors"), adapter, {"format": "pt"})
     with open(os.path.join(out_dir, "adapter", "adapter_config.json"), "w") as f:
         json.dump({"peft_type": "LORA", "task_type": "CAUSAL_LM", "r": RANK, "lora_alpha": ALPHA, "lora_dropout": 0.0,
-                   "target_modules": list(TARGETS), "bias": "none", "base_model_name_or_path": "llama"}, f, indent=2)
+                   "target_modules": list(targets), "bias": "none", "base_model_name_or_path": name}, f, indent=2)
         f.write("\n")
     expected = {"loss": loss.detach().reshape(1).float(), "grad_norm": norm.detach().reshape(1).float(),
                 "max_norm": torch.tensor([max_norm]).float(), "lr": torch.tensor([LR]).float()}
@@ -102,7 +111,12 @@ def main():
     rm.write_safetensors(os.path.join(out_dir, "expected.safetensors"), expected,
                          {"generator": "scripts/reference_sgd_step.py", "loss_f64": repr(loss.item()),
                           "grad_norm_f64": repr(norm.item()), "max_norm_f64": repr(max_norm)})
-    print(f"loss {loss.item():.6f}  grad norm {norm.item():.6f}  clip coefficient {coef:.4f}")
+    print(f"{name}: loss {loss.item():.6f}  grad norm {norm.item():.6f}  clip coefficient {coef:.4f}")
+
+
+def main():
+    for name, out_name, targets in STEPS:
+        step(name, out_name, targets)
 
 
 if __name__ == "__main__":

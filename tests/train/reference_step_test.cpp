@@ -1,6 +1,7 @@
 // One LoRA SGD step (with gradient clipping that bites) from a given adapter on a given packed batch equals the
 // update of an independent float64 PyTorch model: scripts/reference_sgd_step.py wrote the adapter and the
-// expected loss, gradient norm and updated weights into tests/train/fixtures/sgd_step/.
+// expected loss, gradient norm and updated weights into tests/train/fixtures/sgd_step/ (the llama fixture) and
+// sgd_step_qwen3_moe/ (a mixture of experts: attention adapters on every layer, down_proj on its dense layer).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -24,20 +25,28 @@ std::vector<int32_t> ints(const SafetensorsFile& f, const std::string& name) {
 
 }  // namespace
 
-TEST(ReferenceStep, LoraSgdStepMatchesPyTorch) {
-  const fs::path fixture = source_path("tests/train/fixtures/sgd_step");
+struct StepCase {
+  std::string model, fixture;
+  size_t params;  // adapter tensors
+};
+
+class ReferenceStep : public ::testing::TestWithParam<StepCase> {};
+
+TEST_P(ReferenceStep, LoraSgdStepMatchesPyTorch) {
+  const fs::path fixture = source_path("tests/train/fixtures/" + GetParam().fixture);
+  const fs::path model = source_path("tests/models/fixtures/" + GetParam().model);
   SafetensorsFile expected(fixture / "expected.safetensors");
-  SafetensorsFile batch_ref(source_path("tests/models/fixtures/llama/reference.safetensors"));
+  SafetensorsFile batch_ref(model / "reference.safetensors");
   const double max_norm = expected.at("max_norm").to_f32()[0], lr = expected.at("lr").to_f32()[0];
 
-  Recipe r = parse_recipe("model: " + source_path("tests/models/fixtures/llama").string() +
+  Recipe r = parse_recipe("model: " + model.string() +
                               "\ndata: {train: unused.jsonl}\n",
                           "reference.yaml",
                           {"precision=fp32", "lora.init_from=" + (fixture / "adapter").string(), "lora.rank=4",
                            "lora.alpha=8", "lora.dropout=0", "optimizer.name=sgd", "optimizer.lr=" + std::to_string(lr),
                            "train.grad_clip=" + std::to_string(max_norm)});
   TrainableModel tm = build_trainable_model(r, Device::cpu());
-  ASSERT_EQ(tm.params.size(), 8u);  // q_proj and v_proj of 2 layers, A and B each
+  ASSERT_EQ(tm.params.size(), GetParam().params);
 
   Batch b;
   b.B = 2;
@@ -69,3 +78,9 @@ TEST(ReferenceStep, LoraSgdStepMatchesPyTorch) {
     EXPECT_LT(err, 2e-6 * scale) << p.name;
   }
 }
+
+// llama: q_proj and v_proj of 2 layers; qwen3_moe: q_proj and v_proj of 3 layers and layer 1's down_proj (A and B).
+INSTANTIATE_TEST_SUITE_P(Models, ReferenceStep,
+                         ::testing::Values(StepCase{"llama", "sgd_step", 8},
+                                           StepCase{"qwen3_moe", "sgd_step_qwen3_moe", 14}),
+                         [](const auto& info) { return info.param.model; });
