@@ -85,7 +85,8 @@ void check_options(const BenchTrainOptions& o) {
 // FLOPs per token, PaLM's convention (appendix B; torchtune and most MFU calculators use it): 6 per weight that
 // takes part in a matmul (2 forward, 4 backward) plus 12·L·H·D·T for the attention scores and their use. Weights
 // in matmuls: every parameter except an untied input-embedding table (a lookup, not a matmul; a tied table is
-// the lm_head and counts once), plus the LoRA tensors. The "LoRA" count drops the frozen weights' weight-gradient
+// the lm_head and counts once), plus the LoRA tensors; of a mixture of experts, only the experts a token is routed
+// to (active parameters). The "LoRA" count drops the frozen weights' weight-gradient
 // matmuls: 4 per frozen weight. Recomputation under checkpointing counts in neither (model FLOPs, not hardware).
 struct Flops {
   int64_t matmul_params = 0;
@@ -94,7 +95,8 @@ struct Flops {
 
 Flops flops_per_token(const ModelConfig& c, int64_t lora_params, int64_t seq) {
   Flops f;
-  const int64_t base = models::parameter_count(c) - (c.tie_word_embeddings ? 0 : c.vocab_size * c.hidden_size);
+  const int64_t base =
+      models::active_parameter_count(c) - (c.tie_word_embeddings ? 0 : c.vocab_size * c.hidden_size);
   f.matmul_params = base + lora_params;
   const double attention = 12.0 * double(c.num_hidden_layers) * double(c.num_attention_heads) *
                            double(c.head_dim) * double(seq);
