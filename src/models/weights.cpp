@@ -237,12 +237,14 @@ quant::QuantizedTensor upload_quantized(const SafetensorsTensor& st, quant::Form
 // versions, read into transformers 5's stacked experts).
 Tensor upload_stacked(const std::vector<const SafetensorsTensor*>& parts, const Shape& part, const Shape& shape,
                       DType dtype, Device device) {
-  Tensor t = Tensor::empty(shape, dtype, device);
-  size_t offset = 0;
-  for (const SafetensorsTensor* st : parts) {
+  // Every part's shape is checked before anything is allocated: the stacked size comes from config.json.
+  for (const SafetensorsTensor* st : parts)
     if (st->shape != part)
       throw FileError(st->file.string() + ": tensor '" + st->name + "' has shape " + to_string(st->shape) +
                       " but config.json implies " + to_string(part));
+  Tensor t = Tensor::empty(shape, dtype, device);
+  size_t offset = 0;
+  for (const SafetensorsTensor* st : parts) {
     const DType src = weight_dtype(*st);
     check_finite(*st, src);
     std::vector<std::byte> converted;
