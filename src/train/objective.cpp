@@ -53,8 +53,9 @@ class SftSource : public StepSource {
 
 class PreferenceSource : public StepSource {
  public:
-  PreferenceSource(const Recipe& r, const Tokenizer& tok)
+  PreferenceSource(const Recipe& r, const Tokenizer& tok, int ranks)
       : r_(r),
+        micro_per_step_(r.train.grad_accum * ranks),
         settings_(preference_settings(r)),
         data_(load_preference_data(r, tok)),
         batcher_(data_.train, r.train.batch_size, r.data.max_seq_len, r.data.packing, r.train.seed) {
@@ -69,7 +70,7 @@ class PreferenceSource : public StepSource {
 
   StepResult step(const models::Decoder& model, Optimizer& opt, LossScaler& scaler, const StepOptions& o) override {
     std::vector<PairBatch> micro;
-    for (int i = 0; i < r_.train.grad_accum; ++i) micro.push_back(batcher_.next());
+    for (int i = 0; i < micro_per_step_; ++i) micro.push_back(batcher_.next());
     return preference_train_step(model, opt, scaler, micro, o, settings_);
   }
 
@@ -86,6 +87,7 @@ class PreferenceSource : public StepSource {
 
  private:
   const Recipe& r_;
+  int micro_per_step_;
   PreferenceSettings settings_;
   PreferenceData data_;
   PairBatcher batcher_;
@@ -95,10 +97,7 @@ class PreferenceSource : public StepSource {
 
 std::unique_ptr<StepSource> make_step_source(const Recipe& r, const Tokenizer& tok, int ranks) {
   if (r.objective == Objective::sft) return std::make_unique<SftSource>(r, tok, ranks);
-  if (ranks > 1)
-    throw ConfigError("objective " + to_string(r.objective) + ": data-parallel training (" + std::to_string(ranks) +
-                      " ranks) supports objective sft only; train preference objectives on one device");
-  return std::make_unique<PreferenceSource>(r, tok);
+  return std::make_unique<PreferenceSource>(r, tok, ranks);
 }
 
 }  // namespace lmtune

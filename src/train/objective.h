@@ -30,7 +30,7 @@ class StepSource {
 };
 
 // Loads the recipe's data for its objective (logging its statistics) and sets up the batcher. With `ranks` > 1
-// (data parallelism, SFT only) every step draws train.grad_accum × ranks micro-batches, exactly those one device
+// (data parallelism) every step draws train.grad_accum × ranks micro-batches, exactly those one device
 // with ranks times the accumulation would draw, and StepOptions::ranks shares them out.
 std::unique_ptr<StepSource> make_step_source(const Recipe& recipe, const Tokenizer& tokenizer, int ranks = 1);
 

@@ -7,6 +7,7 @@
 #include "core/error.h"
 #include "core/ops.h"
 #include "models/linear.h"
+#include "train/grad_sync.h"
 #include "train/train_data.h"
 
 namespace lmtune {
@@ -160,7 +161,13 @@ StepResult preference_train_step(const models::Decoder& model, Optimizer& opt, L
   const float nll_weight = float(loss_scale / double(std::max<int64_t>(chosen_tokens, 1)));
   std::vector<Tensor> pair_sums, nll_sums;
   RewardStats rewards;
-  for (size_t i = 0; i < micro.size(); ++i) {
+  // Data parallelism: rank r takes the r-th of `ranks` equal consecutive slices of the micro-batches.
+  const size_t rank = o.ranks ? size_t(o.ranks->rank()) : 0, ranks = o.ranks ? size_t(o.ranks->size()) : 1;
+  if (micro.size() % ranks != 0)
+    throw ConfigError("training step: " + std::to_string(micro.size()) + " micro-batches do not split over " +
+                      std::to_string(ranks) + " ranks");
+  const size_t per_rank = micro.size() / ranks;
+  for (size_t i = rank * per_rank; i < (rank + 1) * per_rank; ++i) {
     if (micro[i].pairs == 0) continue;
     std::unique_ptr<models::LoraDropoutScope> dropout;
     if (o.dropout) dropout = std::make_unique<models::LoraDropoutScope>(o.seed, uint64_t(o.step), uint64_t(i));
@@ -172,17 +179,21 @@ StepResult preference_train_step(const models::Decoder& model, Optimizer& opt, L
     if (t.nll.defined()) nll_sums.push_back(t.nll.detach());
     rewards.add(t.chosen_reward, t.rejected_reward);
   }
-  double pair_sum = 0, nll_sum = 0;
-  for (const Tensor& t : pair_sums) pair_sum += t.item();
-  for (const Tensor& t : nll_sums) nll_sum += t.item();
-  r.loss = pair_sum / double(pairs);
-  if (!nll_sums.empty()) r.loss += nll_sum / double(std::max<int64_t>(chosen_tokens, 1));
+  // The step's sums over every rank (each rank then decides alike whether to skip it).
+  std::vector<double> sums{0, 0, rewards.chosen, rewards.rejected, rewards.wins, double(rewards.pairs)};
+  for (const Tensor& t : pair_sums) sums[0] += t.item();
+  for (const Tensor& t : nll_sums) sums[1] += t.item();
+  if (ranks > 1) o.ranks->all_reduce_sum(sums);
+  rewards = {int64_t(sums[5]), sums[2], sums[3], sums[4]};
+  r.loss = sums[0] / double(pairs);
+  if (s.objective == Objective::orpo) r.loss += sums[1] / double(std::max<int64_t>(chosen_tokens, 1));
   r.metrics = rewards.metrics();
   if (!std::isfinite(r.loss)) {
     r.skip_reason = "loss is " + std::string(std::isnan(r.loss) ? "NaN" : "Inf");
     opt.zero_grad();
     return r;
   }
+  if (ranks > 1) all_reduce_gradients(opt.params(), *o.ranks);
   finish_step(r, opt, scaler, o, loss_scale);
   return r;
 }

@@ -1,5 +1,5 @@
 // `lmtune train --devices 0,1` end to end on the CPU (two ranks under mpirun, started by the launcher): the same
-// losses and adapter or model as one rank with twice the accumulation, exact resume after kill -9, resume on
+// losses and adapter or model as one rank with twice the accumulation (SFT, DPO, ORPO), exact resume after kill -9, resume on
 // another number of ranks (same global batch: allowed with a warning; another one: refused), and a rank that
 // cannot open its device stopping the job with a message naming it while the last checkpoint stays intact.
 #include <gtest/gtest.h>
@@ -79,6 +79,15 @@ void expect_close_losses(const std::vector<double>& got, const std::vector<doubl
   for (size_t s = 0; s < want.size(); ++s) EXPECT_NEAR(got[s], want[s], rel * std::abs(want[s])) << "step " << s + 1;
 }
 
+// Preference pairs: the chosen response is always " ok!", the rejected one a word that varies; prompts vary.
+std::string preference_pairs(int n) {
+  std::string out;
+  for (int i = 0; i < n; ++i)
+    out += R"({"prompt": "question )" + std::to_string(i) + R"(:", "chosen": " ok!", "rejected": " no)" +
+           std::string(size_t(1 + i % 5), 'o') + "\"}\n";
+  return out;
+}
+
 #define REQUIRE_MPI() \
   if (!dist::mpi_built_in()) GTEST_SKIP() << "built without MPI"
 
@@ -99,6 +108,28 @@ TEST(TrainDistCli, TwoRanksEqualOneRankWithTwiceTheAccumulation) {
   expect_close_losses(train_losses(run.save("two")), want, 1e-5);
   expect_close_weights(run.save("two") / "adapter", run.save("one") / "adapter", 1e-4);
   EXPECT_EQ(file_names(run.save("two") / "checkpoints"), file_names(run.save("one") / "checkpoints"));
+}
+
+// DPO (with its reference pass) and ORPO (with its NLL term over the chosen tokens of the whole step): the losses,
+// reward metrics and adapter of two ranks equal one rank with twice the accumulation.
+TEST(TrainDistCli, PreferenceObjectivesOnTwoRanksEqualOneRank) {
+  REQUIRE_MPI();
+  for (const std::string objective : {"dpo", "orpo"}) {
+    DistRun run;
+    run.data = run.dir.write("pairs.jsonl", preference_pairs(24));
+    const std::vector<std::string> pref{"objective=" + objective, "train.steps=3", "save.every=0"};
+    ChildResult one = run.train("one", "", 2, pref);
+    ASSERT_EQ(one.exit_code, 0) << objective << "\n" << one.output;
+    ChildResult two = run.train("two", "0,1", 1, pref);
+    ASSERT_EQ(two.exit_code, 0) << objective << "\n" << two.output;
+    const std::vector<double> want = train_losses(run.save("one"));
+    ASSERT_EQ(want.size(), 3u) << objective;
+    if (objective == "dpo") {
+      EXPECT_NEAR(want[0], std::log(2.0), 1e-4);  // the policy starts as its reference
+    }
+    expect_close_losses(train_losses(run.save("two")), want, 1e-5);
+    expect_close_weights(run.save("two") / "adapter", run.save("one") / "adapter", 1e-4);
+  }
 }
 
 TEST(TrainDistCli, FullFinetuneOnTwoRanksEqualsOneRank) {
