@@ -169,10 +169,14 @@ KvCache::View KvCache::append(int layer, const Tensor& k, const Tensor& v) {
   if (l.window > 0 && l.used > l.window - 1) {
     int64_t keep = l.window - 1;
     if (keep > 0) {
-      Tensor tail_k = ops::contiguous(Slice(1, l.used - keep, l.used, 1).apply_to(l.k));
-      Tensor tail_v = ops::contiguous(Slice(1, l.used - keep, l.used, 1).apply_to(l.v));
-      copy_into(Slice(1, 0, keep, 1).apply_to(l.k), tail_k);
-      copy_into(Slice(1, 0, keep, 1).apply_to(l.v), tail_v);
+      // Through a copy: the tail and the head overlap (with one row, the tail slice is already contiguous, and
+      // one copy from it into the head would read what it writes).
+      for (Tensor* buf : {&l.k, &l.v}) {
+        const Tensor tail = Slice(1, l.used - keep, l.used, 1).apply_to(*buf);
+        Tensor staged = Tensor::empty(tail.shape(), tail.dtype(), tail.device());
+        copy_into(staged, tail);
+        copy_into(Slice(1, 0, keep, 1).apply_to(*buf), staged);
+      }
     }
     l.used = keep;
   }
