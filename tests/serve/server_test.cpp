@@ -545,6 +545,10 @@ size_t rss_bytes() {
 }
 
 TEST(Serve, SoakManySmallMixedRequests) {
+#if defined(__SANITIZE_ADDRESS__)
+  // AddressSanitizer keeps freed memory in quarantine, so the RSS grows by design (LeakSanitizer checks leaks).
+  GTEST_SKIP() << "measures RSS, which AddressSanitizer's quarantine inflates";
+#endif
   const std::vector<std::string> models = {base_name(), "alpha", "beta", "gamma"};
   auto worker = [&](int id, int count, std::atomic<int>& failures) {
     httplib::Client c = server().client();
