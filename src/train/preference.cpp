@@ -162,12 +162,9 @@ StepResult preference_train_step(const models::Decoder& model, Optimizer& opt, L
   std::vector<Tensor> pair_sums, nll_sums;
   RewardStats rewards;
   // Data parallelism: rank r takes the r-th of `ranks` equal consecutive slices of the micro-batches.
-  const size_t rank = o.ranks ? size_t(o.ranks->rank()) : 0, ranks = o.ranks ? size_t(o.ranks->size()) : 1;
-  if (micro.size() % ranks != 0)
-    throw ConfigError("training step: " + std::to_string(micro.size()) + " micro-batches do not split over " +
-                      std::to_string(ranks) + " ranks");
-  const size_t per_rank = micro.size() / ranks;
-  for (size_t i = rank * per_rank; i < (rank + 1) * per_rank; ++i) {
+  const MicroSlice mine = rank_slice(micro.size(), o);
+  const size_t ranks = mine.ranks;
+  for (size_t i = mine.begin; i < mine.end; ++i) {
     if (micro[i].pairs == 0) continue;
     std::unique_ptr<models::LoraDropoutScope> dropout;
     if (o.dropout) dropout = std::make_unique<models::LoraDropoutScope>(o.seed, uint64_t(o.step), uint64_t(i));

@@ -63,6 +63,15 @@ StepOptions step_options(const Recipe& r, int64_t step, double lr) {
   return so;
 }
 
+MicroSlice rank_slice(size_t micro_batches, const StepOptions& o) {
+  const size_t rank = o.ranks ? size_t(o.ranks->rank()) : 0, ranks = o.ranks ? size_t(o.ranks->size()) : 1;
+  if (micro_batches % ranks != 0)
+    throw ConfigError("training step: " + std::to_string(micro_batches) + " micro-batches do not split over " +
+                      std::to_string(ranks) + " ranks");
+  const size_t per_rank = micro_batches / ranks;
+  return {rank * per_rank, (rank + 1) * per_rank, ranks};
+}
+
 double router_aux_loss_coef(const Recipe& r, const ModelConfig& config) {
   if (config.num_experts == 0) return 0;
   if (r.train.router_aux_loss_coef) return *r.train.router_aux_loss_coef;
@@ -87,13 +96,10 @@ StepResult train_step(const models::Decoder& model, Optimizer& opt, LossScaler& 
   std::vector<Tensor> sums;
   std::vector<size_t> sum_micro;  // the micro-batch of each sum
   std::vector<Tensor> aux_sums;   // each micro-batch's router load-balancing loss (mixtures of experts)
-  const size_t rank = o.ranks ? size_t(o.ranks->rank()) : 0, ranks = o.ranks ? size_t(o.ranks->size()) : 1;
-  if (micro.size() % ranks != 0)
-    throw ConfigError("training step: " + std::to_string(micro.size()) + " micro-batches do not split over " +
-                      std::to_string(ranks) + " ranks");
-  const size_t per_rank = micro.size() / ranks;
+  const MicroSlice mine = rank_slice(micro.size(), o);
+  const size_t ranks = mine.ranks;
   PhaseClock clock(o.phase_times, model.device());
-  for (size_t i = rank * per_rank; i < (rank + 1) * per_rank; ++i) {
+  for (size_t i = mine.begin; i < mine.end; ++i) {
     if (micro[i].trainable_tokens == 0) continue;
     std::unique_ptr<models::LoraDropoutScope> dropout;
     if (o.dropout) dropout = std::make_unique<models::LoraDropoutScope>(o.seed, uint64_t(o.step), uint64_t(i));

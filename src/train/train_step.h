@@ -47,6 +47,13 @@ struct StepOptions {
   double router_aux_loss_coef = 0;
 };
 
+// The micro-batches [begin, end) this rank runs: the rank-th of o.ranks' size equal consecutive slices (all of them
+// without ranks). Throws ConfigError when they do not split evenly.
+struct MicroSlice {
+  size_t begin = 0, end = 0, ranks = 1;
+};
+MicroSlice rank_slice(size_t micro_batches, const StepOptions& o);
+
 // What recipe r gives optimizer step `step` (0-based) at learning rate lr.
 StepOptions step_options(const Recipe& r, int64_t step, double lr);
 // The load-balancing loss weight recipe r gives a model of `config` (StepOptions::router_aux_loss_coef): 0 for a
