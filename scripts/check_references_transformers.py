@@ -117,10 +117,10 @@ def logprobs():
                 compare(f"scoring top log-probs ({kind})", top.values, [v for _, v in t["top"]])
 
 
-def fresh_model(fixture):
+def fresh_model(fixture, **kwargs):
     """A newly loaded model: transformers' dynamic rope keeps state between calls, so each check starts afresh."""
     return transformers.AutoModelForCausalLM.from_pretrained(fixture, dtype=torch.float64,
-                                                             attn_implementation="eager").eval()
+                                                             attn_implementation="eager", **kwargs).eval()
 
 
 def rope_scaling():
@@ -176,7 +176,8 @@ def mixtures_of_experts():
         d = os.path.join(ROOT, "tests", "models", "fixtures", name)
         ref = load_file(os.path.join(d, "reference.safetensors"))
         ids, docs = ref["ids"].long(), ref["doc_ids"]
-        model = fresh_model(d)
+        # The default experts backend (torch grouped_mm) takes no float64; the eager loop over experts does.
+        model = fresh_model(d, experts_implementation="eager")
         logits = torch.zeros(ref["logits"].shape, dtype=torch.float64)
         router = {}
         with torch.no_grad():

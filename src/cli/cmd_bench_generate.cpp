@@ -45,7 +45,10 @@ double bytes_per_step(const models::Decoder& d, double context) {
       if (t->defined()) bytes += double(t->nbytes());
     for (const models::Linear* lin : {&l.attn.q, &l.attn.k, &l.attn.v, &l.attn.o, &l.mlp.gate, &l.mlp.up,
                                       &l.mlp.down}) {
-      bytes += double(lin->weight.nbytes()) + (lin->bias.defined() ? double(lin->bias.nbytes()) : 0.0);
+      // Mixture-of-experts layers have no dense MLP projections; quantized ones are read in their own format.
+      if (lin->weight.defined()) bytes += double(lin->weight.nbytes());
+      if (lin->qweight.defined()) bytes += double(lin->qweight.nbytes());
+      if (lin->bias.defined()) bytes += double(lin->bias.nbytes());
       for (const models::LoraAdapter& a : lin->adapters) bytes += double(a.A.nbytes() + a.B.nbytes());
     }
     // A batch-1 step reads the router and k of the E experts.

@@ -28,6 +28,9 @@ class Backend {
   virtual void write(Buffer& dst, size_t offset, const void* src, size_t bytes) = 0;
   // Device -> host copy; waits for all work that writes the buffer.
   virtual void read(Buffer& src, size_t offset, void* dst, size_t bytes) = 0;
+  // Every 4 bytes of the buffer set to `word` (little-endian; a buffer whose size is not a multiple of 4 ends with
+  // the word's first bytes). Queued like a kernel, without a host copy of the contents (Tensor::full, zeros).
+  virtual void fill(Buffer& dst, uint32_t word) = 0;
   // Waits until all queued work has finished.
   virtual void synchronize() = 0;
   // Bytes held by live tensors now, and the most held since the last reset_peak().

@@ -4,6 +4,8 @@
 #include <string>
 
 #include "core/error.h"
+#include "core/ops/gather_rows.h"
+#include "core/ops/grouped_matmul.h"
 #include "models/linear.h"
 
 namespace lmtune::models {
@@ -35,11 +37,6 @@ ExpertRouting route_tokens(const std::vector<int32_t>& chosen, int64_t tokens, i
 
 namespace {
 
-// Expert e's slice [rows, cols] of a stacked [E, rows, cols] weight (a view).
-Tensor expert_weight(const Tensor& stacked, int64_t e) {
-  return ops::reshape(ops::slice(stacked, 0, e, e + 1), {stacked.dim(1), stacked.dim(2)});
-}
-
 // The routing weights [N, k] in f32: the top-k probabilities, renormalized when the config says so.
 Tensor routing_weights(const Tensor& probs, int64_t k, bool normalize, Tensor* chosen) {
   auto [top, idx] = ops::topk(probs, int(k));
@@ -61,19 +58,12 @@ Tensor moe_mlp(const MoeWeights& w, const Tensor& h, const ModelConfig& config, 
                                    h.dtype());
   const ExpertRouting r = route_tokens(chosen.to_ints(), N, k, E);
 
-  const Device d = h.device();
-  const Tensor grouped = ops::embedding(x, Tensor::from_ints(r.token_of_row, {N * k}, d));  // [N k, C]
-  std::vector<Tensor> outputs;
-  for (int64_t e = 0; e < E; ++e) {
-    const int64_t begin = r.offsets[size_t(e)], end = r.offsets[size_t(e + 1)];
-    if (begin == end) continue;
-    const Tensor gu = Linear(expert_weight(w.gate_up, e))(ops::slice(grouped, 0, begin, end));  // [n, 2 I]
-    const Tensor a = ops::gated_activation(ops::slice(gu, -1, 0, I), ops::slice(gu, -1, I, 2 * I), act);
-    outputs.push_back(Linear(expert_weight(w.down, e))(a));  // [n, C]
-  }
-  const Tensor rows = outputs.size() == 1 ? outputs[0] : ops::concat(outputs, 0);
+  const Tensor grouped = ops::gather_rows(x, r.token_of_row, k);             // [N k, C]
+  const Tensor gu = ops::grouped_matmul(grouped, w.gate_up, r.offsets, true);  // [N k, 2 I]
+  const Tensor a = ops::gated_activation(ops::slice(gu, -1, 0, I), ops::slice(gu, -1, I, 2 * I), act);
+  const Tensor rows = ops::grouped_matmul(a, w.down, r.offsets, true);  // [N k, C]
   // Each token's k outputs gathered back [N, k, C], weighted and summed over k.
-  const Tensor mine = ops::embedding(rows, Tensor::from_ints(r.row_of_choice, {N, k}, d));
+  const Tensor mine = ops::reshape(ops::gather_rows(rows, r.row_of_choice, 1), {N, k, C});
   const Tensor y = ops::sum(ops::mul(mine, ops::reshape(weights, {N, k, 1})), {1});
   return ops::reshape(y, h.shape());
 }

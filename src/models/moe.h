@@ -2,9 +2,12 @@
 //   logits = h Wrᵀ (router), p = softmax(logits) in f32, (w, e) = top-k of p, w /= Σ w when norm_topk_prob,
 //   y[n] = Σ_s w[n, s] · expert_{e[n, s]}(h[n]),   expert(x) = down(act(x Gᵀ) * (x Uᵀ))
 // Only the chosen experts run, each over the tokens routed to it (dropless): the routing is read back to the host,
-// the tokens are gathered into rows grouped by expert (one gather), each expert with tokens runs its two products
-// on its block of rows, and each token gathers back its k outputs (one gather) for the weighted sum. Gathers in
-// both directions keep forward and backward free of atomic scatter-adds (deterministic on every device).
+// the tokens are gathered into rows grouped by expert (one gather), each expert runs its two products on its block
+// of rows (ops::grouped_matmul: one op for all experts), and each token gathers back its k outputs (one gather) for
+// the weighted sum. Both gathers' gradients are gathers too, so forward and backward are free of atomic
+// scatter-adds (deterministic on every device), and no gradient is larger than the rows it belongs to. Padding the
+// experts' blocks to one size (one batched product) was dropped: a random router sends a frequent token's copies to
+// the same experts, and the busiest expert had 8 times the mean rows (bench/RESULTS.md).
 #pragma once
 #include <cstdint>
 #include <vector>

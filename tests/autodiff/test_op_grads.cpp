@@ -3,6 +3,8 @@
 
 #include <functional>
 
+#include "core/ops/gather_rows.h"
+#include "core/ops/grouped_matmul.h"
 #include "core/ops/matmul_add.h"
 
 namespace lmtune::test {
@@ -269,6 +271,30 @@ TEST(OpGrads, EmbeddingAndBackward) {
                    [&](const A& w) { return ref::embedding(w, rid, {2, 3}); }, f32_input({5, 4}, 30));
   check_gradients1([&](const Tensor& g) { return ops::embedding_backward(g, ids, 5); },
                    [&](const A& g) { return ref::embedding_backward(g, rid, 5); }, f32_input({2, 3, 4}, 31));
+}
+
+// Products by groups of rows (one group empty) and a row gather that takes every row twice (mixtures of experts).
+TEST(OpGrads, GroupedMatmulAndGatherRows) {
+  const std::vector<int64_t> off{0, 2, 2, 5};
+  for (bool t : {true, false}) {
+    LMTUNE_CASE((t ? "transposed" : "as stored"));
+    auto ref_fn = [&](const RA& in) {
+      const int64_t P = in[1].shape[1], Q = in[1].shape[2], K = in[0].shape[1], cols = t ? P : Q;
+      A y(Shape{in[0].shape[0], cols});
+      for (size_t g = 0; g + 1 < off.size(); ++g)
+        for (int64_t r = off[g]; r < off[g + 1]; ++r)
+          for (int64_t c = 0; c < cols; ++c)
+            for (int64_t k = 0; k < K; ++k)
+              y[r * cols + c] += in[0][r * K + k] * in[1][int64_t(g) * P * Q + (t ? c * Q + k : k * Q + c)];
+      return RA{y};
+    };
+    check_gradients([&](const V& in) { return V{ops::grouped_matmul(in[0], in[1], off, t)}; }, ref_fn,
+                    {f32_input({5, t ? 4 : 3}, 50, Layout::strided), f32_input({3, 3, 4}, 51)});
+  }
+  const std::vector<int32_t> index{2, 0, 1, 2, 0, 1};
+  const std::vector<int64_t> ids(index.begin(), index.end());
+  check_gradients1([&](const Tensor& x) { return ops::gather_rows(x, index, 2); },
+                   [&](const A& x) { return ref::embedding(x, ids, {6}); }, f32_input({3, 4}, 52, Layout::transposed));
 }
 
 TEST(OpGrads, Attention) {

@@ -203,3 +203,21 @@ TEST(BenchTrain, LossCurveMatchesTheTorchReference) {
   for (size_t i = 0; i < la.size(); ++i) EXPECT_NEAR(la[i], lb[i], 2e-4 * lb[i]) << "step " << i + 1;
   EXPECT_LT(la.back(), la.front() - 0.1) << "the curve should move, or the check is weak";
 }
+
+// `lmtune bench generate` on a dense model and on a mixture of experts (whose expert layers have no dense MLP
+// projections; it once crashed counting their bytes): JSON with positive speeds and bytes per step.
+TEST(BenchGenerate, DenseAndMixtureOfExpertsModels) {
+  TempDir dir{"bench_generate"};
+  const fs::path dense = make_tiny_model(dir.path / "model");
+  const fs::path moe = source_path("tests/models/fixtures/qwen3_moe");
+  for (const fs::path& model : {dense, moe}) {
+    SCOPED_TRACE(model.string());
+    const ChildResult r = run_lmtune({"--device", "cpu", "bench", "generate", "--model", model.string(),
+                                      "--prompt-tokens", "9", "--new-tokens", "5", "--bandwidth-gbs", "10", "--json"});
+    const json j = parse_result(r);
+    EXPECT_GT(j.value("prefill_tokens_per_s", 0.0), 0);
+    EXPECT_GT(j.value("decode_tokens_per_s", 0.0), 0);
+    EXPECT_GT(j.value("bytes_per_step", 0.0), 0);
+    EXPECT_TRUE(std::isfinite(j.value("fraction_of_bound", std::nan(""))));
+  }
+}

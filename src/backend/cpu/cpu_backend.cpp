@@ -72,6 +72,18 @@ class CpuBackend final : public Backend {
   void read(Buffer& src, size_t offset, void* dst, size_t bytes) override {
     std::memcpy(dst, static_cast<char*>(src.host_data()) + offset, bytes);
   }
+  void fill(Buffer& dst, uint32_t word) override {
+    auto* p = static_cast<unsigned char*>(dst.host_data());
+    unsigned char pattern[4];
+    std::memcpy(pattern, &word, 4);
+    const size_t n = dst.bytes(), whole = n / 4 * 4;
+    if (word == 0) {
+      std::memset(p, 0, n);
+      return;
+    }
+    for (size_t i = 0; i < whole; i += 4) std::memcpy(p + i, pattern, 4);
+    for (size_t i = whole; i < n; ++i) p[i] = pattern[i - whole];
+  }
   void synchronize() override {}
   size_t bytes_in_use() const override { return usage_.in_use; }
   size_t peak_bytes() const override { return usage_.peak; }

@@ -75,6 +75,10 @@ class VulkanBackend final : public Backend {
     std::lock_guard lock(ctx_->mutex());
     ctx_->recorder().read(device_buffer(src), offset, dst, bytes);
   }
+  void fill(Buffer& dst, uint32_t word) override {
+    // A non-owning pointer: the fill is recorded before this returns and keeps no reference.
+    ctx_->fill_buffer({std::shared_ptr<Buffer>(std::shared_ptr<Buffer>(), &dst), true}, word);
+  }
   void synchronize() override { ctx_->synchronize(); }
   size_t bytes_in_use() const override {
     std::lock_guard lock(ctx_->mutex());

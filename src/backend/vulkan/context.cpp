@@ -547,6 +547,13 @@ std::string profile_report() {
   }
   std::snprintf(line, sizeof line, "%-32s %8s %12.3f\n", "total", "", total * 1e-6);
   out += line;
+  const BatchStats b = batch_stats();
+  std::snprintf(line, sizeof line, "%-32s %8llu %12.3f   (first to last command: kernels, gaps, copies)\n",
+                "GPU batch spans", static_cast<unsigned long long>(b.batches), b.span_ns * 1e-6);
+  out += line;
+  std::snprintf(line, sizeof line, "%-32s %8llu %12.3f\n", "host waits on fences",
+                static_cast<unsigned long long>(b.waits), b.wait_ns * 1e-6);
+  out += line;
   return out;
 }
 

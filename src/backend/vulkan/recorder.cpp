@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -36,10 +37,17 @@ bool profiling() { return g_profiling; }
 
 std::mutex g_profile_mu;
 std::map<std::string, KernelStats> g_profile;
+BatchStats g_batches;
 
 void reset_profile() {
   std::lock_guard lock(g_profile_mu);
   g_profile.clear();
+  g_batches = BatchStats{};
+}
+
+BatchStats batch_stats() {
+  std::lock_guard lock(g_profile_mu);
+  return g_batches;
 }
 
 std::map<std::string, KernelStats> profile_stats() {
@@ -157,10 +165,11 @@ Recorder::Slot& Recorder::begin() {
     if (!s.queries) {
       VkQueryPoolCreateInfo qi{VK_STRUCTURE_TYPE_QUERY_POOL_CREATE_INFO};
       qi.queryType = VK_QUERY_TYPE_TIMESTAMP;
-      qi.queryCount = 2 * kMaxDispatches;
+      qi.queryCount = 2 * kMaxDispatches + 2;  // each dispatch's two, then the batch's first and last command
       check(vkCreateQueryPool(ctx_.device(), &qi, nullptr, &s.queries), "vkCreateQueryPool");
     }
-    vkCmdResetQueryPool(s.cb, s.queries, 0, 2 * kMaxDispatches);
+    vkCmdResetQueryPool(s.cb, s.queries, 0, 2 * kMaxDispatches + 2);
+    vkCmdWriteTimestamp(s.cb, VK_PIPELINE_STAGE_TOP_OF_PIPE_BIT, s.queries, 2 * kMaxDispatches);
   }
   barrier(s.cb);  // orders this batch after everything submitted before it
   return s;
@@ -355,6 +364,7 @@ void Recorder::flush() {
   mb.srcAccessMask = VK_ACCESS_SHADER_WRITE_BIT | VK_ACCESS_TRANSFER_WRITE_BIT;
   mb.dstAccessMask = VK_ACCESS_HOST_READ_BIT;
   vkCmdPipelineBarrier(s.cb, kStages, VK_PIPELINE_STAGE_HOST_BIT, 0, 1, &mb, 0, nullptr, 0, nullptr);
+  if (s.profiling) vkCmdWriteTimestamp(s.cb, VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT, s.queries, 2 * kMaxDispatches + 1);
   check(vkEndCommandBuffer(s.cb), "vkEndCommandBuffer");
   check(vkResetFences(ctx_.device(), 1, &s.fence), "vkResetFences");
   VkSubmitInfo si{VK_STRUCTURE_TYPE_SUBMIT_INFO};
@@ -373,14 +383,30 @@ void Recorder::flush() {
 void Recorder::retire(Slot& s, bool block) {
   if (!s.submitted) return;
   if (block) {
+    const auto t0 = std::chrono::steady_clock::now();
     VkResult r = vkWaitForFences(ctx_.device(), 1, &s.fence, VK_TRUE, kFenceTimeoutNs);
     if (r == VK_TIMEOUT)
       throw DeviceError(ctx_.name() + ": GPU did not finish within 60 s (a kernel hung or the device is overloaded)");
     check(r, "vkWaitForFences");
+    if (s.profiling) {
+      std::lock_guard lock(g_profile_mu);
+      ++g_batches.waits;
+      g_batches.wait_ns += double(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                      std::chrono::steady_clock::now() - t0).count());
+    }
   } else {
     VkResult r = vkGetFenceStatus(ctx_.device(), s.fence);
     if (r == VK_NOT_READY) return;
     check(r, "vkGetFenceStatus");
+  }
+  if (s.profiling) {
+    uint64_t span[2] = {0, 0};
+    if (vkGetQueryPoolResults(ctx_.device(), s.queries, 2 * kMaxDispatches, 2, sizeof span, span, 8,
+                              VK_QUERY_RESULT_64_BIT | VK_QUERY_RESULT_WAIT_BIT) == VK_SUCCESS) {
+      std::lock_guard lock(g_profile_mu);
+      ++g_batches.batches;
+      g_batches.span_ns += double((span[1] - span[0]) & timestamp_mask_) * timestamp_ns_;
+    }
   }
   if (s.profiling && !s.profiled.empty()) {
     std::vector<uint64_t> ts(2 * s.profiled.size());

@@ -121,5 +121,12 @@ struct KernelStats {
   double ns = 0;
 };
 std::map<std::string, KernelStats> profile_stats();  // without waiting
+// Where a profiled run's time goes besides the kernels: the GPU's span per batch (first to last command, so
+// the gaps between kernels count: barriers, copies, idle), and the host blocked on the GPU's fences.
+struct BatchStats {
+  uint64_t batches = 0, waits = 0;
+  double span_ns = 0, wait_ns = 0;
+};
+BatchStats batch_stats();
 
 }  // namespace lmtune::vk

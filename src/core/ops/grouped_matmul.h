@@ -1,0 +1,54 @@
+// Products over groups of rows: the experts of a mixture-of-experts layer (models/moe.cpp). The tokens routed to
+// each expert are one block of rows; each block is multiplied by its expert's matrix of a stacked weight
+// [G, P, Q]. One primitive for all experts instead of one op each keeps the autodiff graph small and every
+// gradient the size of the rows it belongs to (slicing a block out of the rows would give each expert's slice a
+// zero-filled gradient of all the rows).
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "core/primitive.h"
+
+namespace lmtune {
+
+// Inputs: x [R, K], w [G, P, Q]. Output [R, P] (transposed: x W_gᵀ, K = Q) or [R, Q] (x W_g, K = P): rows
+// [offsets[g], offsets[g + 1]) take matrix g. Each group is one product on its block of rows (Matmul's kernels).
+class GroupedMatmul final : public Primitive {
+ public:
+  GroupedMatmul(std::vector<int64_t> offsets, bool transposed) : offsets(std::move(offsets)), transposed(transposed) {}
+  const char* name() const override { return "grouped_matmul"; }
+  void eval_cpu(const std::vector<Tensor>& in, std::vector<Tensor>& out) override { forward(in, out); }
+  void eval_vulkan(const std::vector<Tensor>& in, std::vector<Tensor>& out) override { forward(in, out); }
+  LMTUNE_PRIMITIVE_VJP_JVP();
+
+  const std::vector<int64_t> offsets;
+  const bool transposed;
+
+ private:
+  void forward(const std::vector<Tensor>& in, std::vector<Tensor>& out);
+};
+
+// Inputs: a [R, A], b [R, B]. Output [G, A, B]: block g is a_gᵀ b_g over the rows of group g (zero for a group
+// without rows). The stacked weight's gradient of GroupedMatmul; no gradient of its own.
+class GroupedOuter final : public Primitive {
+ public:
+  explicit GroupedOuter(std::vector<int64_t> offsets) : offsets(std::move(offsets)) {}
+  const char* name() const override { return "grouped_outer"; }
+  void eval_cpu(const std::vector<Tensor>& in, std::vector<Tensor>& out) override { forward(in, out); }
+  void eval_vulkan(const std::vector<Tensor>& in, std::vector<Tensor>& out) override { forward(in, out); }
+
+  const std::vector<int64_t> offsets;
+
+ private:
+  void forward(const std::vector<Tensor>& in, std::vector<Tensor>& out);
+};
+
+namespace ops {
+
+// x [R, K] times the matrices of w [G, P, Q] by groups of rows (offsets: G + 1 ascending row offsets from 0 to R):
+// transposed, rows of group g times W_gᵀ ([R, P], the layout of stacked linear weights); else times W_g ([R, Q]).
+// Output in x's dtype, f32 accumulation.
+Tensor grouped_matmul(const Tensor& x, const Tensor& w, const std::vector<int64_t>& offsets, bool transposed);
+
+}  // namespace ops
+}  // namespace lmtune
