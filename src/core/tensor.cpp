@@ -105,9 +105,7 @@ Tensor Tensor::from_ints(const std::vector<int32_t>& data, const Shape& shape, D
 Tensor Tensor::full(const Shape& shape, float value, DType dtype, Device device) {
   // One element's encoding repeated over the buffer by the backend: no host array of the whole tensor (a zero
   // gradient of a big activation was once built and uploaded from the host).
-  const std::vector<uint8_t> one = encode_floats({value}, dtype);
-  if (one.size() != 2 && one.size() != 4)
-    return from_floats(std::vector<float>(size_t(lmtune::numel(shape)), value), shape, dtype, device);
+  const std::vector<uint8_t> one = encode_floats({value}, dtype);  // 2 or 4 bytes
   uint32_t word = 0;
   std::memcpy(&word, one.data(), one.size());
   if (one.size() == 2) word |= word << 16;

@@ -164,20 +164,14 @@ void Rope::eval_cpu(const std::vector<Tensor>& in, std::vector<Tensor>& out) {
 
 void Embedding::eval_cpu(const std::vector<Tensor>& in, std::vector<Tensor>& out) {
   const Tensor& w = in[0];  // contiguous [V, C]
-  const int64_t C = w.shape()[1], V = w.shape()[0], n = in[1].numel();
+  const int64_t C = w.shape()[1], n = in[1].numel();
   const int32_t* ids = cpu::data<int32_t>(in[1]);
   const char* wp = cpu::base_ptr(w);
   char* yp = cpu::base_ptr(out[0]);
   const size_t es = dtype_size(w.dtype());
-  // An id outside the table gives a row of zeros, as the Vulkan kernel (ops::gather_rows' padding).
   cpu::parallel_for(n, std::max<int64_t>(1, 16384 / std::max<int64_t>(C, 1)), [&](int64_t i0, int64_t i1) {
-    for (int64_t i = i0; i < i1; ++i) {
-      char* row = yp + i * C * int64_t(es);
-      if (ids[i] < 0 || ids[i] >= V)
-        std::memset(row, 0, size_t(C) * es);
-      else
-        std::memcpy(row, wp + int64_t(ids[i]) * C * int64_t(es), size_t(C) * es);
-    }
+    for (int64_t i = i0; i < i1; ++i)
+      std::memcpy(yp + i * C * int64_t(es), wp + int64_t(ids[i]) * C * int64_t(es), size_t(C) * es);
   });
 }
 
