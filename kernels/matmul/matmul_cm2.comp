@@ -13,6 +13,10 @@
 // 16 times (the driver pipelines the loads across the unrolled steps: 4096^3 at 232 / 267 / 292 / 307 TFLOP/s
 // for 2 / 4 / 8 / 16 steps on the H100); edge tiles and the last partial K step read through clamped layouts,
 // zero outside the matrices, and edge stores drop what lies outside C.
+// GROUPED = 1: the experts' products of a mixture-of-experts layer in one dispatch (ops::grouped_matmul). The rows
+// of A come in groups, group g's rows times matrix g of a stacked B [G, K, N] (TB: [G, N, K]), g * b_gs elements
+// after b_off. Workgroup row y takes tiles[y] = (first row, end of its group's rows, g): each group's last tile
+// reads zeros and stores nothing past its group's end. No addend.
 #extension GL_EXT_control_flow_attributes : enable
 #extension GL_EXT_shader_16bit_storage : require
 #extension GL_EXT_shader_explicit_arithmetic_types_float16 : require
@@ -28,6 +32,9 @@
 #ifndef C32
 #define C32 0
 #endif
+#ifndef GROUPED
+#define GROUPED 0
+#endif
 const uint BM = 128, BN = 256, BK = 32, UNROLL = 16;
 layout(local_size_x = 256) in;
 
@@ -40,6 +47,7 @@ layout(push_constant) uniform Cm2Params {
   uint c_off, c_rs;  // C [M, N]
   uint u_off, u_rs, v_off, v_rs, R;  // U [M, R], V [R, N] (with TB [N, R]); R = 0: no addend
   uint flags;        // 1: U and V are bf16 (else f16)
+  uint b_gs;         // GROUPED: elements from one matrix of B to the next
 } p;
 
 layout(binding = 0) readonly buffer ABuf { float16_t a[]; };
@@ -49,14 +57,20 @@ layout(binding = 2) writeonly buffer CBuf { float c[]; };
 #else
 layout(binding = 2) writeonly buffer CBuf { float16_t c[]; };
 #endif
+#if GROUPED
+layout(binding = 3) readonly buffer Tiles { uvec4 tiles[]; };
+#else
 layout(binding = 3) readonly buffer UBuf { uint16_t u[]; };
 layout(binding = 4) readonly buffer VBuf { uint16_t v[]; };
+#endif
 
+#if !GROUPED
 layout(buffer_reference, std430, buffer_reference_align = 2) buffer Word16 { uint16_t w[]; };
 float16_t decode_addend(const in Word16 bl, const in uint block[2], const in uint in_block[2]) {
   const uint h = uint(bl.w[0]);
   return float16_t((p.flags & 1u) != 0u ? uintBitsToFloat(h << 16) : unpackHalf2x16(h).x);
 }
+#endif
 
 #define ACC coopmat<float, gl_ScopeWorkgroup, BM, BN, gl_MatrixUseAccumulator>
 #define MAT_A coopmat<float16_t, gl_ScopeWorkgroup, BM, BK, gl_MatrixUseA>
@@ -85,16 +99,22 @@ float16_t decode_addend(const in Word16 bl, const in uint block[2], const in uin
 #endif
 
 void main() {
-  const uint m0 = gl_WorkGroupID.y * BM, n0 = gl_WorkGroupID.x * BN;
+  const uint n0 = gl_WorkGroupID.x * BN;
   // 16-byte aligned rows and starts (the host checks them), in a form the compiler can see.
   const uint a_rs = p.a_rs & ~7u, b_rs = p.b_rs & ~7u, c_rs = p.c_rs & ~7u;
-  const uint a_off = p.a_off & ~7u, b_off = p.b_off & ~7u, c_off = p.c_off & ~7u;
+  const uint a_off = p.a_off & ~7u, c_off = p.c_off & ~7u;
+#if GROUPED
+  const uvec4 tile = tiles[gl_WorkGroupID.y];
+  const uint m0 = tile.x, M = tile.y, b_off = (p.b_off + tile.z * p.b_gs) & ~7u;
+#else
+  const uint m0 = gl_WorkGroupID.y * BM, M = p.M, b_off = p.b_off & ~7u;
+#endif
   tensorViewNV<2, false, 1, 0> trans = createTensorViewNV(2, false, 1, 0);
 
   tensorLayoutNV<2> la = createTensorLayoutNV(2), lb = createTensorLayoutNV(2);
   tensorLayoutNV<2, CLAMP> lac = createTensorLayoutNV(2, CLAMP), lbc = createTensorLayoutNV(2, CLAMP);
-  la = setTensorLayoutStrideNV(setTensorLayoutDimensionNV(la, p.M, p.K), a_rs, 1);
-  lac = setTensorLayoutStrideNV(setTensorLayoutDimensionNV(lac, p.M, p.K), a_rs, 1);
+  la = setTensorLayoutStrideNV(setTensorLayoutDimensionNV(la, M, p.K), a_rs, 1);
+  lac = setTensorLayoutStrideNV(setTensorLayoutDimensionNV(lac, M, p.K), a_rs, 1);
 #if TB
   lb = setTensorLayoutStrideNV(setTensorLayoutDimensionNV(lb, p.N, p.K), b_rs, 1);
   lbc = setTensorLayoutStrideNV(setTensorLayoutDimensionNV(lbc, p.N, p.K), b_rs, 1);
@@ -106,7 +126,7 @@ void main() {
   ACC acc = ACC(0.0);
   const uint kfull = p.K & ~(BK - 1u);
   uint k = 0;
-  if (m0 + BM <= p.M && n0 + BN <= p.N) {
+  if (m0 + BM <= M && n0 + BN <= p.N) {
     for (; k + UNROLL * BK <= kfull; k += UNROLL * BK)
       [[unroll]] for (uint s = 0; s < UNROLL; ++s) STEP(la, lb, k + s * BK)
     for (; k + 4u * BK <= kfull; k += 4u * BK)
@@ -119,6 +139,7 @@ void main() {
   }
   if (k < p.K) STEP(lac, lbc, k)  // the last partial K step, zero past K
 
+#if !GROUPED
   // The addend, R a multiple of 8: steps of BK over R, zero past R.
   if (p.R > 0u) {
     tensorLayoutNV<2, CLAMP> lu = createTensorLayoutNV(2, CLAMP), lv = createTensorLayoutNV(2, CLAMP);
@@ -140,9 +161,10 @@ void main() {
       acc = coopMatMulAdd(mu, mv, acc);
     }
   }
+#endif
 
   tensorLayoutNV<2, CLAMP> lc = createTensorLayoutNV(2, CLAMP);
-  lc = setTensorLayoutStrideNV(setTensorLayoutDimensionNV(lc, p.M, p.N), c_rs, 1);
+  lc = setTensorLayoutStrideNV(setTensorLayoutDimensionNV(lc, M, p.N), c_rs, 1);
 #if C32
   coopMatStoreTensorNV(acc, c, c_off, sliceTensorLayoutNV(lc, m0, BM, n0, BN));
 #else

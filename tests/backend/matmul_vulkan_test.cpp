@@ -3,6 +3,7 @@
 // cases whenever the device has it (skipped, not failed, elsewhere). Errors are NMSE = |y - ref|^2 / |ref|^2.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -20,6 +21,7 @@
 #include "core/error.h"
 #include "core/ops.h"
 #include "core/ops/matmul.h"
+#include "core/ops/grouped_matmul.h"
 #include "core/ops/matmul_add.h"
 #include "core/primitive.h"
 
@@ -479,6 +481,48 @@ TEST_F(VulkanMatmul, GemvEpilogueDispatches) {
   const std::vector<double> lr = reference(down, ops::transpose(b), {}, M, N, R), r = res.to_doubles();
   for (size_t i = 0; i < ref.size(); ++i) ref[i] += lr[i] + r[i];
   EXPECT_LT(nmse(y.to_doubles(), ref), threshold(DType::bf16, false));
+}
+
+// The experts' products of a mixture-of-experts layer (ops::grouped_matmul) on a device with cooperative matrices 2:
+// one dispatch of matmul_cm2_grouped for every group, whatever their sizes (empty, one row, several row tiles with
+// a partial last one), several column tiles with a partial last one, K past the unrolled steps with a partial
+// last step; f16 and bf16, the weights stacked as linear layers' ([G, N, K]) or as [G, K, N].
+TEST_F(VulkanMatmul, GroupedProductsInOneDispatch) {
+  vk::Context& ctx = vk::context_for(dev_);
+  if (!ctx.features().cooperative_matrix2) GTEST_SKIP() << "no cooperative matrices 2";
+  if (!ctx.features().timestamps) GTEST_SKIP() << "no timestamps to count dispatches by";
+  const std::vector<int64_t> offsets{0, 0, 130, 131, 431, 431, 440};
+  const int64_t G = int64_t(offsets.size()) - 1, R = offsets.back(), P = 264, Q = 520;
+  for (DType dt : {DType::f16, DType::bf16})
+    for (bool t : {true, false}) {
+      if (dt == DType::bf16 && !ctx.features().bf16_cooperative_matrix) continue;
+      SCOPED_TRACE(std::string(dtype_name(dt)) + (t ? " transposed" : ""));
+      const int64_t K = t ? Q : P, N = t ? P : Q;
+      Tensor x = Tensor::randn({R, K}, 61, 1.0f, dt, dev_), w = Tensor::randn({G, P, Q}, 62, 1.0f, dt, dev_);
+      ctx.synchronize();
+      vk::reset_profile();
+      vk::set_profiling(true);
+      Tensor y = ops::grouped_matmul(x, w, offsets, t);
+      const std::string report = vk::profile_report();
+      vk::set_profiling(false);
+      uint64_t grouped = 0, all = 0;
+      for (const auto& [name, st] : vk::profile_stats()) {
+        all += st.calls;
+        if (name.rfind("matmul_cm2_grouped", 0) == 0) grouped += st.calls;
+      }
+      EXPECT_EQ(grouped, 1u) << report;
+      EXPECT_EQ(all, 1u) << report;
+      std::vector<double> ref(size_t(R * N));
+      for (int64_t g = 0; g < G; ++g) {
+        const int64_t rows = offsets[size_t(g) + 1] - offsets[size_t(g)];
+        if (rows == 0) continue;
+        const Tensor xg = ops::slice(x, 0, offsets[size_t(g)], offsets[size_t(g) + 1]);
+        const Tensor wg = ops::reshape(ops::slice(w, 0, g, g + 1), {P, Q});
+        const std::vector<double> part = reference(xg, t ? ops::transpose(wg) : wg, {}, rows, N, K);
+        std::copy(part.begin(), part.end(), ref.begin() + offsets[size_t(g)] * N);
+      }
+      EXPECT_LT(nmse(y.to_doubles(), ref), threshold(dt, false));
+    }
 }
 
 // The planner on its own: what it returns without recording anything, where the addend or the accumulation

@@ -30,7 +30,9 @@ struct GroupCase {
 
 const std::vector<GroupCase>& group_cases() {
   static const std::vector<GroupCase> cases{
-      {{0, 3, 3, 40, 41, 77}, 33, 20}, {{0, 0, 9}, 8, 65}, {{0, 5}, 16, 16}, {{0, 2, 4, 6, 8}, 7, 3}};
+      {{0, 3, 3, 40, 41, 77}, 33, 20}, {{0, 0, 9}, 8, 65}, {{0, 5}, 16, 16}, {{0, 2, 4, 6, 8}, 7, 3},
+      // sizes the one-dispatch kernel of cooperative-matrix-2 devices takes: several and partial row tiles
+      {{0, 0, 130, 131, 300}, 40, 264}};
   return cases;
 }
 

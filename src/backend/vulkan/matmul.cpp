@@ -10,6 +10,7 @@
 #include "backend/vulkan/matmul_skinny.h"
 #include "core/error.h"
 #include "core/ops/elementwise.h"
+#include "core/ops/grouped_matmul.h"
 #include "core/ops/matmul.h"
 #include "core/ops/matmul_add.h"
 
@@ -284,6 +285,14 @@ void MatmulLowRank::eval_vulkan(const std::vector<Tensor>& in, std::vector<Tenso
   }
   Binary add(BinaryOp::add);
   eval_on(t[0].device(), add, {out[0], t[0]}, out);
+}
+
+// Every group's product in one dispatch where the cooperative-matrix-2 kernel takes them, else a product per group.
+void GroupedMatmul::eval_vulkan(const std::vector<Tensor>& in, std::vector<Tensor>& out) {
+  vk::Context& ctx = vk::context_for(out[0].device());
+  const std::string kernel = vk::cm2_grouped_kernel(ctx, in[0], in[1], out[0], transposed);
+  if (kernel.empty()) return forward(in, out);
+  vk::record_cm2_grouped(ctx, kernel, in[0], in[1], offsets, out[0]);
 }
 
 }  // namespace lmtune

@@ -3,6 +3,8 @@
 // to the other kernels.
 #include "backend/vulkan/matmul_cm2.h"
 
+#include <algorithm>
+#include <limits>
 #include <mutex>
 
 #include <spdlog/spdlog.h>
@@ -19,6 +21,7 @@ struct Cm2Params {
   uint32_t a_off, a_rs, b_off, b_rs, c_off, c_rs;
   uint32_t u_off, u_rs, v_off, v_rs, R;
   uint32_t flags;
+  uint32_t b_gs;
 };
 
 constexpr int64_t kTileM = 128, kTileN = 256;
@@ -44,6 +47,20 @@ int64_t row_stride(const Tensor& t, bool transposed) {
   return rs;
 }
 
+// The embedded module `kernel`, or "" after saying once that this binary lacks the cooperative-matrix-2 kernels.
+std::string built(Context& ctx, std::string kernel) {
+  if (!embedded_spirv(kernel).empty()) return kernel;
+  static std::once_flag once;
+  std::call_once(once, [&] {
+    spdlog::warn("matmul: {} has cooperative matrices 2 but this lmtune was built without their kernels "
+                 "(scripts/build_glslang.sh, then rebuild); products take the slower VK_NV_cooperative_matrix ones",
+                 ctx.name());
+  });
+  return "";
+}
+
+bool contiguous_aligned(const Tensor& t) { return t.is_contiguous() && aligned(t.offset()); }
+
 }  // namespace
 
 std::string cm2_kernel(Context& ctx, const Tensor& a, const Tensor& b, const Tensor& c, const LowRankTerm* lr) {
@@ -67,18 +84,23 @@ std::string cm2_kernel(Context& ctx, const Tensor& a, const Tensor& b, const Ten
         !row_stride(v, tb) || !aligned(u.dim(1)))
       return "";
   }
-  const std::string kernel = std::string("matmul_cm2_") + (dt == DType::bf16 ? "bf16" : "f16") + (tb ? "_t" : "_n") +
-                             (c.dtype() == DType::f32 ? "_c32" : "_c16");
-  if (embedded_spirv(kernel).empty()) {
-    static std::once_flag once;
-    std::call_once(once, [&] {
-      spdlog::warn("matmul: {} has cooperative matrices 2 but this lmtune was built without their kernels "
-                   "(scripts/build_glslang.sh, then rebuild); products take the slower VK_NV_cooperative_matrix ones",
-                   ctx.name());
-    });
+  return built(ctx, std::string("matmul_cm2_") + (dt == DType::bf16 ? "bf16" : "f16") + (tb ? "_t" : "_n") +
+                        (c.dtype() == DType::f32 ? "_c32" : "_c16"));
+}
+
+std::string cm2_grouped_kernel(Context& ctx, const Tensor& x, const Tensor& w, const Tensor& y, bool transposed) {
+  const Features& f = ctx.features();
+  const DType dt = x.dtype();
+  if (!f.cooperative_matrix2 || !is16(dt) || w.dtype() != dt || y.dtype() != dt ||
+      (dt == DType::bf16 && !f.bf16_cooperative_matrix))
     return "";
-  }
-  return kernel;
+  if (!contiguous_aligned(x) || !contiguous_aligned(w) || !contiguous_aligned(y) || !aligned(x.dim(1)) ||
+      !aligned(y.dim(1)) || !aligned(w.dim(1) * w.dim(2)))
+    return "";
+  const int64_t words = std::numeric_limits<uint32_t>::max();
+  if (x.offset() + x.numel() > words || w.offset() + w.numel() > words || y.offset() + y.numel() > words) return "";
+  const std::string operands = dt == DType::bf16 ? "bf16" : "f16";
+  return built(ctx, "matmul_cm2_grouped_" + operands + (transposed ? "_t" : "_n"));
 }
 
 void record_cm2(Context& ctx, const std::string& kernel, const Tensor& a, const Tensor& b, Tensor& c,
@@ -99,6 +121,30 @@ void record_cm2(Context& ctx, const std::string& kernel, const Tensor& a, const 
   p.c_off = uint32_t(c.offset()), p.c_rs = uint32_t(c.strides()[0]);
   ctx.dispatch(kernel, {in(a), in(b), out(c), in(lr ? *lr->u : a), in(lr ? *lr->v : b)}, p,
                {uint32_t((N + kTileN - 1) / kTileN), uint32_t((M + kTileM - 1) / kTileM), 1});
+}
+
+void record_cm2_grouped(Context& ctx, const std::string& kernel, const Tensor& x, const Tensor& w,
+                        const std::vector<int64_t>& offsets, Tensor& y) {
+  // One entry per tile of rows: its first row, the end of its group's rows, the group.
+  std::vector<int32_t> tiles;
+  for (size_t g = 0; g + 1 < offsets.size(); ++g)
+    for (int64_t r = offsets[g]; r < offsets[g + 1]; r += kTileM)
+      tiles.insert(tiles.end(), {int32_t(r), int32_t(offsets[g + 1]), int32_t(g), 0});
+  const int64_t count = int64_t(tiles.size() / 4), N = y.dim(1);
+  Cm2Params p{};
+  p.M = uint32_t(x.dim(0)), p.N = uint32_t(N), p.K = uint32_t(x.dim(1));
+  p.a_off = uint32_t(x.offset()), p.a_rs = uint32_t(x.dim(1));
+  p.b_off = uint32_t(w.offset()), p.b_rs = uint32_t(w.dim(2)), p.b_gs = uint32_t(w.dim(1) * w.dim(2));
+  p.c_off = uint32_t(y.offset()), p.c_rs = uint32_t(N);
+  // Workgroup rows are tiles; more tiles than the device's grid height take several dispatches.
+  const int64_t per_dispatch = ctx.properties().limits.maxComputeWorkGroupCount[1];
+  for (int64_t first = 0; first < count; first += per_dispatch) {
+    const int64_t n = std::min(per_dispatch, count - first);
+    const std::vector<int32_t> part(tiles.begin() + first * 4, tiles.begin() + (first + n) * 4);
+    const Tensor table = Tensor::from_ints(part, {n, 4}, x.device());
+    ctx.dispatch(kernel, {in(x), in(w), out(y), in(table)}, p,
+                 {uint32_t((N + kTileN - 1) / kTileN), uint32_t(n), 1});
+  }
 }
 
 }  // namespace lmtune::vk

@@ -12,13 +12,15 @@
 namespace lmtune {
 
 // Inputs: x [R, K], w [G, P, Q]. Output [R, P] (transposed: x W_gᵀ, K = Q) or [R, Q] (x W_g, K = P): rows
-// [offsets[g], offsets[g + 1]) take matrix g. Each group is one product on its block of rows (Matmul's kernels).
+// [offsets[g], offsets[g + 1]) take matrix g. On a device with workgroup-scope cooperative matrices all groups are
+// one dispatch (backend/vulkan/matmul.cpp); elsewhere each group is one product on its block of rows (Matmul's
+// kernels).
 class GroupedMatmul final : public Primitive {
  public:
   GroupedMatmul(std::vector<int64_t> offsets, bool transposed) : offsets(std::move(offsets)), transposed(transposed) {}
   const char* name() const override { return "grouped_matmul"; }
   void eval_cpu(const std::vector<Tensor>& in, std::vector<Tensor>& out) override { forward(in, out); }
-  void eval_vulkan(const std::vector<Tensor>& in, std::vector<Tensor>& out) override { forward(in, out); }
+  void eval_vulkan(const std::vector<Tensor>& in, std::vector<Tensor>& out) override;
   LMTUNE_PRIMITIVE_VJP_JVP();
 
   const std::vector<int64_t> offsets;
