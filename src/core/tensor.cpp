@@ -12,7 +12,9 @@ namespace {
 std::vector<uint8_t> encode_floats(const std::vector<float>& v, DType dtype) {
   std::vector<uint8_t> out(v.size() * dtype_size(dtype));
   switch (dtype) {
-    case DType::f32: std::memcpy(out.data(), v.data(), out.size()); break;
+    case DType::f32:
+      if (!v.empty()) std::memcpy(out.data(), v.data(), out.size());  // an empty vector's data() may be null
+      break;
     case DType::f16: {
       auto* p = reinterpret_cast<uint16_t*>(out.data());
       for (size_t i = 0; i < v.size(); ++i) p[i] = f32_to_f16(v[i]);

@@ -6,6 +6,7 @@
 namespace lmtune::cpu {
 
 void load_row(const char* p, DType dtype, int64_t stride, int64_t n, float* dst) {
+  if (n == 0) return;  // an empty tensor's storage (and an empty vector's data()) may be null: no memcpy of it
   switch (dtype) {
     case DType::f32: {
       auto* s = reinterpret_cast<const float*>(p);
@@ -38,6 +39,7 @@ void load_row_f64(const char* p, DType dtype, int64_t stride, int64_t n, double*
 }
 
 void store_row(char* p, DType dtype, int64_t stride, int64_t n, const float* src) {
+  if (n == 0) return;
   switch (dtype) {
     case DType::f32: {
       auto* d = reinterpret_cast<float*>(p);
