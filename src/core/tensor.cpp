@@ -178,7 +178,7 @@ std::vector<float> Tensor::to_floats() const {
   if (dtype() == DType::f32) {
     auto bytes = read_logical_bytes(*this);
     std::vector<float> out(static_cast<size_t>(numel()));
-    std::memcpy(out.data(), bytes.data(), bytes.size());
+    if (!out.empty()) std::memcpy(out.data(), bytes.data(), bytes.size());  // empty vectors' data() may be null
     return out;
   }
   auto d = to_doubles();
@@ -189,7 +189,7 @@ std::vector<int32_t> Tensor::to_ints() const {
   if (dtype() != DType::i32) throw ShapeError("to_ints: tensor has dtype " + std::string(dtype_name(dtype())));
   auto bytes = read_logical_bytes(*this);
   std::vector<int32_t> out(static_cast<size_t>(numel()));
-  std::memcpy(out.data(), bytes.data(), bytes.size());
+  if (!out.empty()) std::memcpy(out.data(), bytes.data(), bytes.size());
   return out;
 }
 
