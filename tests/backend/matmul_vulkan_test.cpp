@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -451,6 +452,27 @@ TEST_F(VulkanMatmul, GemvLowRankAddend) {
   EXPECT_LT(nmse(y.to_doubles(), ref), 1e-5);
 }
 
+// The dispatches `run` records on ctx's device: all of them and those whose kernel name starts with `prefix`, with
+// the profile report for failure messages.
+struct DispatchCount {
+  uint64_t matching = 0, all = 0;
+  std::string report;
+};
+DispatchCount count_dispatches(vk::Context& ctx, const std::string& prefix, const std::function<void()>& run) {
+  ctx.synchronize();
+  vk::reset_profile();
+  vk::set_profiling(true);
+  run();
+  DispatchCount c;
+  c.report = vk::profile_report();
+  vk::set_profiling(false);
+  for (const auto& [name, st] : vk::profile_stats()) {
+    c.all += st.calls;
+    if (name.rfind(prefix, 0) == 0) c.matching += st.calls;
+  }
+  return c;
+}
+
 // Decode's adapted product with the residual (Linear::fused): x Aᵀ, then one matmul_gemv that adds s (x Aᵀ) Bᵀ and
 // the residual to x Wᵀ as it writes: two dispatches, and the sums of the composed ops.
 TEST_F(VulkanMatmul, GemvEpilogueDispatches) {
@@ -463,20 +485,13 @@ TEST_F(VulkanMatmul, GemvEpilogueDispatches) {
   Tensor w = Tensor::randn({N, K}, 42, 1.0f, DType::bf16, dev_);
   Tensor a = Tensor::randn({R, K}, 43, 0.1f, DType::f32, dev_), b = Tensor::randn({N, R}, 44, 0.1f, DType::f32, dev_);
   Tensor res = Tensor::randn({M, N}, 45, 1.0f, DType::bf16, dev_);
-  ctx.synchronize();
-  vk::reset_profile();
-  vk::set_profiling(true);
-  Tensor down = ops::matmul(x, ops::transpose(a), DType::f32, 0.5f);
-  Tensor y = ops::matmul_add(x, ops::transpose(w), res, down, ops::transpose(b), 1.0f, DType::bf16);
-  const std::string report = vk::profile_report();
-  vk::set_profiling(false);
-  uint64_t gemv = 0, all = 0;
-  for (const auto& [name, st] : vk::profile_stats()) {
-    all += st.calls;
-    if (name.rfind("matmul_gemv", 0) == 0) gemv += st.calls;
-  }
-  EXPECT_EQ(gemv, 2u) << report;
-  EXPECT_EQ(all, 2u) << report;
+  Tensor down, y;
+  const DispatchCount c = count_dispatches(ctx, "matmul_gemv", [&] {
+    down = ops::matmul(x, ops::transpose(a), DType::f32, 0.5f);
+    y = ops::matmul_add(x, ops::transpose(w), res, down, ops::transpose(b), 1.0f, DType::bf16);
+  });
+  EXPECT_EQ(c.matching, 2u) << c.report;
+  EXPECT_EQ(c.all, 2u) << c.report;
   std::vector<double> ref = reference(x, ops::transpose(w), {}, M, N, K);
   const std::vector<double> lr = reference(down, ops::transpose(b), {}, M, N, R), r = res.to_doubles();
   for (size_t i = 0; i < ref.size(); ++i) ref[i] += lr[i] + r[i];
@@ -499,19 +514,11 @@ TEST_F(VulkanMatmul, GroupedProductsInOneDispatch) {
       SCOPED_TRACE(std::string(dtype_name(dt)) + (t ? " transposed" : ""));
       const int64_t K = t ? Q : P, N = t ? P : Q;
       Tensor x = Tensor::randn({R, K}, 61, 1.0f, dt, dev_), w = Tensor::randn({G, P, Q}, 62, 1.0f, dt, dev_);
-      ctx.synchronize();
-      vk::reset_profile();
-      vk::set_profiling(true);
-      Tensor y = ops::grouped_matmul(x, w, offsets, t);
-      const std::string report = vk::profile_report();
-      vk::set_profiling(false);
-      uint64_t grouped = 0, all = 0;
-      for (const auto& [name, st] : vk::profile_stats()) {
-        all += st.calls;
-        if (name.rfind("matmul_cm2_grouped", 0) == 0) grouped += st.calls;
-      }
-      EXPECT_EQ(grouped, 1u) << report;
-      EXPECT_EQ(all, 1u) << report;
+      Tensor y;
+      const DispatchCount c =
+          count_dispatches(ctx, "matmul_cm2_grouped", [&] { y = ops::grouped_matmul(x, w, offsets, t); });
+      EXPECT_EQ(c.matching, 1u) << c.report;
+      EXPECT_EQ(c.all, 1u) << c.report;
       std::vector<double> ref(size_t(R * N));
       for (int64_t g = 0; g < G; ++g) {
         const int64_t rows = offsets[size_t(g) + 1] - offsets[size_t(g)];
