@@ -1,9 +1,10 @@
 // Data parallelism's gradient exchange: after every rank has run backward over its share of a step's
 // micro-batches, the trainable tensors' gradients are summed over the ranks (each rank's gradients are already
 // weighted by 1 / the step's global trainable tokens, so the sum is the one-device gradient) in buckets of about
-// kGradientBucketBytes, in f32. Each bucket is staged to the host and its all-reduce started before the next one
-// is staged, so device-to-host copies overlap the network; the backward pass itself is not overlapped (the
-// autodiff engine has no per-tensor completion hook yet).
+// kGradientBucketBytes, in f32. A bucket's gradients are packed side by side into one tensor on the device and
+// cross to the host in one transfer; its all-reduce starts before the next bucket is packed, and the sums come
+// back in one upload. The backward pass itself is not overlapped (the autodiff engine has no per-tensor
+// completion hook yet).
 #pragma once
 #include <cstddef>
 #include <vector>

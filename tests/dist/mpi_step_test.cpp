@@ -6,6 +6,7 @@
 
 #include <cmath>
 
+#include "backend/vulkan/vulkan_backend.h"
 #include "core/autodiff.h"
 #include "core/ops/view.h"
 #include "dist/communicator.h"
@@ -51,11 +52,12 @@ TEST(MpiCollectives, SumsGathersAndNamesTheRank) {
   EXPECT_EQ(ranks->local_size(), n);  // mpirun -np N on one host
 }
 
-TEST(MpiGradSync, SumsGradientsInSeveralBucketsAndKeepsMissingOnesMissing) {
-  REQUIRE_RANKS(ranks);
+// On each device: the buckets are packed and unpacked on the device the gradients live on.
+static void expect_gradients_summed(Device device) {
+  dist::Communicator* ranks = mpi_ranks();
   const int r = ranks->rank(), n = ranks->size();
-  auto param = [](const std::string& name, Shape shape) {
-    return NamedParam{name, Tensor::zeros(shape, DType::f32, Device::cpu()).set_requires_grad(true)};
+  auto param = [device](const std::string& name, Shape shape) {
+    return NamedParam{name, Tensor::zeros(shape, DType::f32, device).set_requires_grad(true)};
   };
   std::vector<NamedParam> params{param("a", {37, 3}), param("only_on_rank_1", {5}), param("never", {4}),
                                  param("b", {300})};
@@ -66,10 +68,10 @@ TEST(MpiGradSync, SumsGradientsInSeveralBucketsAndKeepsMissingOnesMissing) {
   };
   for (size_t i : {size_t(0), size_t(3)})
     params[i].tensor.impl()->grad =
-        Tensor::from_floats(grad_of(i, r), params[i].tensor.shape(), DType::f32, Device::cpu()).impl_ptr();
+        Tensor::from_floats(grad_of(i, r), params[i].tensor.shape(), DType::f32, device).impl_ptr();
   if (r == 1)
     params[1].tensor.impl()->grad =
-        Tensor::from_floats(grad_of(1, r), params[1].tensor.shape(), DType::f32, Device::cpu()).impl_ptr();
+        Tensor::from_floats(grad_of(1, r), params[1].tensor.shape(), DType::f32, device).impl_ptr();
   all_reduce_gradients(params, *ranks, 200 * sizeof(float));  // buckets of 200 floats: "a" and "b" apart
   for (size_t i : {size_t(0), size_t(3)}) {
     const std::vector<float> got = params[i].tensor.grad().to_floats();
@@ -82,6 +84,17 @@ TEST(MpiGradSync, SumsGradientsInSeveralBucketsAndKeepsMissingOnesMissing) {
   ASSERT_TRUE(params[1].tensor.grad().defined()) << "a gradient of rank 1 alone must reach rank 0";
   EXPECT_EQ(params[1].tensor.grad().to_floats(), grad_of(1, 1));
   EXPECT_FALSE(params[2].tensor.grad().defined()) << "no rank had one: it stays undefined as on one device";
+}
+
+TEST(MpiGradSync, SumsGradientsInSeveralBucketsAndKeepsMissingOnesMissing) {
+  REQUIRE_RANKS(ranks);
+  expect_gradients_summed(Device::cpu());
+}
+
+TEST(MpiGradSync, SumsGradientsOnAVulkanDevice) {
+  REQUIRE_RANKS(ranks);
+  if (vk::list_devices().empty()) GTEST_SKIP() << "no Vulkan device";
+  expect_gradients_summed(Device::vulkan(0));
 }
 
 namespace {
