@@ -2,6 +2,7 @@
 // methods and globals (namespace, range, raise_exception, strftime_now, ...) that HF chat templates use.
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <ctime>
 
 #include "core/error.h"
@@ -449,9 +450,17 @@ class Interpreter {
     bool ints = l.kind != Kind::Float && r.kind != Kind::Float;
     int64_t li = l.kind == Kind::Bool ? l.b : l.i, ri = r.kind == Kind::Bool ? r.b : r.i;
     double lf = l.as_double(), rf = r.as_double();
-    if (op == "+") return ints ? Value(li + ri) : Value(lf + rf);
-    if (op == "-") return ints ? Value(li - ri) : Value(lf - rf);
-    if (op == "*") return ints ? Value(li * ri) : Value(lf * rf);
+    // Python's integers do not overflow; a template whose integers pass 64 bits is refused rather than wrapped.
+    auto check = [&](bool overflowed) {
+      if (overflowed) fail(node, "integer overflow in " + std::to_string(li) + " " + op + " " + std::to_string(ri));
+    };
+    int64_t v = 0;
+    if (op == "+" && ints) return check(__builtin_add_overflow(li, ri, &v)), Value(v);
+    if (op == "-" && ints) return check(__builtin_sub_overflow(li, ri, &v)), Value(v);
+    if (op == "*" && ints) return check(__builtin_mul_overflow(li, ri, &v)), Value(v);
+    if (op == "+") return Value(lf + rf);
+    if (op == "-") return Value(lf - rf);
+    if (op == "*") return Value(lf * rf);
     if (op == "/") {
       if (rf == 0) fail(node, "division by zero");
       return Value(lf / rf);
@@ -459,6 +468,7 @@ class Interpreter {
     if (op == "//" || op == "%") {
       if (rf == 0) fail(node, "division by zero");
       if (ints) {
+        check(li == INT64_MIN && ri == -1);
         int64_t q = li / ri, m = li % ri;
         if (m != 0 && ((m < 0) != (ri < 0))) --q, m += ri;  // Python floors
         return op == "//" ? Value(q) : Value(m);
@@ -467,9 +477,12 @@ class Interpreter {
       return op == "//" ? Value(q) : Value(lf - q * rf);
     }
     if (op == "**") {
-      if (ints && ri >= 0) {
-        int64_t p = 1;
-        for (int64_t k = 0; k < ri; ++k) p *= li;
+      if (ints && ri >= 0) {  // by squaring: a huge exponent of 0, 1 or -1 ends as fast as any other
+        int64_t p = 1, base = li;
+        for (int64_t e = ri; e > 0; e >>= 1) {
+          if (e & 1) check(__builtin_mul_overflow(p, base, &p));
+          if (e > 1) check(__builtin_mul_overflow(base, base, &base));  // a later bit needs base² anyway
+        }
         return Value(p);
       }
       return Value(std::pow(lf, rf));

@@ -149,6 +149,19 @@ TEST(Jinja, HostileTemplatesHitLimits) {
             size_t(92));
 }
 
+// Found by fuzz_chat_template (UBSan: signed overflow in `311 ** 30`): integer arithmetic past 64 bits is an error
+// naming the operation, never a wrapped value; a huge exponent of 0, 1 or -1 is computed by squaring, not a loop.
+TEST(Jinja, IntegerOverflowIsAnErrorAndPowersSquare) {
+  for (const char* source : {"{{ 311 ** 30 }}", "{{ 9223372036854775807 + 1 }}", "{{ -9223372036854775807 - 2 }}",
+                             "{{ 4294967296 * 4294967296 }}", "{{ (-9223372036854775807 - 1) // -1 }}"}) {
+    const std::string e = error_of(source);
+    EXPECT_NE(e.find("integer overflow in"), std::string::npos) << source << ": " << e;
+  }
+  EXPECT_EQ(render("{{ 2 ** 62 }}|{{ (-2) ** 63 }}|{{ 1 ** 9000000000000000000 }}|{{ (-1) ** 9000000000000000001 }}|"
+                   "{{ 0 ** 0 }}|{{ 3 ** 39 }}|{{ (-1) ** 2 }}"),
+            "4611686018427387904|-9223372036854775808|1|-1|1|4052555153018976267|1");
+}
+
 // Found by fuzz_chat_template: a literal too large for int64 or double escaped as std::out_of_range (stoll).
 TEST(Jinja, OutOfRangeNumberLiteralsAreSyntaxErrors) {
   const std::string sources[] = {"{{ 99999999999999999999 }}", "{{ x(1, 9223372036854775808) }}",
