@@ -12,6 +12,7 @@
 #include "io/hf_config.h"
 #include "models/adapters.h"
 #include "models/hf_config_writer.h"
+#include "models/moe.h"
 #include "models/weights.h"
 
 namespace lmtune::infer {
@@ -69,6 +70,11 @@ void merge_adapters(models::Decoder& decoder, const std::vector<AdapterSpec>& ad
     }
     lin->weight = lin->merged_weight();
     lin->adapters.clear();
+  }
+  for (const models::NamedExperts& ne : models::named_experts(decoder.weights())) {
+    if (ne.adapters->empty()) continue;
+    *ne.weight = models::merged_expert_weight(*ne.weight, *ne.adapters);
+    ne.adapters->clear();
   }
 }
 

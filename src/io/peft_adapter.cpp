@@ -82,6 +82,14 @@ PeftAdapter load_peft_adapter(const std::filesystem::path& dir) {
     else if (t.is_array())
       for (const auto& e : t) a.target_modules.push_back(e.get<std::string>());
   }
+  if (cfg.contains("target_parameters") && !cfg["target_parameters"].is_null()) {
+    const json& t = cfg["target_parameters"];
+    if (!t.is_array()) throw FileError(where + ": key 'target_parameters' must be a list of parameter names");
+    for (const auto& e : t) {
+      if (!e.is_string()) throw FileError(where + ": key 'target_parameters' must be a list of parameter names");
+      a.target_parameters.push_back(e.get<std::string>());
+    }
+  }
   SafetensorsFile st(weights_file);
   for (const auto& t : st.tensors()) {
     std::string module;
@@ -91,8 +99,10 @@ PeftAdapter load_peft_adapter(const std::filesystem::path& dir) {
     if (t.shape.size() != 2)
       throw FileError(weights_file.string() + ": tensor '" + t.name + "' has shape " + to_string(t.shape) + ", expected 2-D");
     LoraWeights& w = a.modules[module];
-    int64_t r = which == 'A' ? t.shape[0] : t.shape[1];
-    if (r != a.rank)
+    // A wrapped parameter (target_parameters) stacks one rank-r factor per expert.
+    const int64_t r = which == 'A' ? t.shape[0] : t.shape[1];
+    const bool stacked = !a.target_parameters.empty() && r > a.rank && r % a.rank == 0;
+    if (r != a.rank && !stacked)
       throw FileError(weights_file.string() + ": tensor '" + t.name + "' has rank " + std::to_string(r) +
                       " but adapter_config.json says r = " + std::to_string(a.rank));
     std::vector<float>& values = which == 'A' ? w.a : w.b;
@@ -133,7 +143,11 @@ void save_peft_adapter(const PeftAdapter& a, const std::filesystem::path& dir) {
       {"lora_alpha", a.alpha},
       {"lora_dropout", a.dropout},
       {"use_rslora", a.rslora},
-      {"target_modules", std::vector<std::string>(targets.begin(), targets.end())},
+      // PEFT takes no empty target_modules beside target_parameters: null there.
+      {"target_modules", targets.empty() && !a.target_parameters.empty()
+                             ? json(nullptr)
+                             : json(std::vector<std::string>(targets.begin(), targets.end()))},
+      {"target_parameters", a.target_parameters.empty() ? json(nullptr) : json(a.target_parameters)},
       {"bias", "none"},
       {"fan_in_fan_out", false},
       {"inference_mode", true},

@@ -24,6 +24,9 @@ struct PeftAdapter {
   double dropout = 0;
   bool rslora = false;
   std::vector<std::string> target_modules;  // e.g. q_proj, v_proj
+  // Parameters adapted in place of modules (PEFT's ParamWrapper), e.g. mlp.experts.gate_up_proj: their lora_A has
+  // rank x experts rows and lora_B as many columns (models/adapters.h gives the layout).
+  std::vector<std::string> target_parameters;
   std::string base_model;                   // base_model_name_or_path
   // Keyed by module path as in the base model, e.g. "model.layers.0.self_attn.q_proj".
   std::map<std::string, LoraWeights> modules;

@@ -72,6 +72,11 @@ std::vector<Tensor> LayerWeights::trainable() const {
   for (const Tensor* t : {&input_norm, &post_attn_norm, &pre_mlp_norm, &post_mlp_norm, &attn.q_norm, &attn.k_norm,
                           &moe.router, &moe.gate_up, &moe.down})
     add(*t);
+  for (const auto* adapters : {&moe.gate_up_adapters, &moe.down_adapters})
+    for (const ExpertAdapter& a : *adapters) {
+      add(a.A);
+      add(a.B);
+    }
   for (const Linear* lin : {&attn.q, &attn.k, &attn.v, &attn.o, &mlp.gate, &mlp.up, &mlp.down}) {
     add(lin->weight);
     add(lin->bias);
@@ -384,7 +389,7 @@ Tensor Decoder::mlp_forward(const LayerWeights& w, const LayerConfig& lc, const 
     case Activation::gelu_erf: act = ops::GateActivation::gelu_erf; break;
   }
   if (lc.moe) {
-    Tensor m = moe_mlp(w.moe, h, config_, act, router_logits);
+    Tensor m = moe_mlp(w.moe, h, config_, act, router_logits, options.row_adapters);
     return ops::add(r, config_.sandwich_norms ? norm(m, w.post_mlp_norm) : m);
   }
   Tensor gate = w.mlp.gate(h, options.row_adapters);

@@ -28,10 +28,20 @@ struct MlpWeights {
 
 // A mixture-of-experts MLP (models/moe.h), stored as transformers 5 does: the experts' gate and up projections
 // stacked in one tensor, their down projections in another.
+// LoRA on a stacked expert weight W [E, out, in] (PEFT's target_parameters): expert e's weight is used as
+// W[e] + scale · B[e] A[e]. f32, requiring grad when trained; B is zero when fresh. No dropout (PEFT has none there).
+struct ExpertAdapter {
+  std::string name = "default";
+  Tensor A;  // [E, R, in]
+  Tensor B;  // [E, out, R]
+  float scale = 1.0f;
+};
+
 struct MoeWeights {
   Tensor router;   // [E, C] (mlp.gate.weight)
   Tensor gate_up;  // [E, 2 I, C] (mlp.experts.gate_up_proj): rows [0, I) of expert e are its gate, [I, 2 I) its up
   Tensor down;     // [E, C, I] (mlp.experts.down_proj)
+  std::vector<ExpertAdapter> gate_up_adapters, down_adapters;
 };
 
 struct LayerWeights {

@@ -44,10 +44,55 @@ Tensor routing_weights(const Tensor& probs, int64_t k, bool normalize, Tensor* c
   return normalize ? ops::div(top, ops::sum(top, {-1}, true)) : top;
 }
 
+// Which adapters reach which grouped rows: all of them everywhere, or with RowAdapters (serving) each adapter only
+// the rows of tokens whose batch row is in one of its groups, as Linear does.
+struct AdapterRows {
+  const RowAdapters* groups = nullptr;
+  const std::vector<int32_t>* token_of_row = nullptr;
+  int64_t tokens_per_row = 1;
+
+  // Undefined: every row; else [N k, 1] of 0 / 1 in `dtype`. Sets *none when no row uses the adapter.
+  Tensor mask(const std::string& name, DType dtype, Device device, bool* none) const {
+    *none = false;
+    if (!groups) return Tensor();
+    std::vector<float> m(token_of_row->size(), 0.0f);
+    bool any = false;
+    for (size_t i = 0; i < m.size(); ++i) {
+      const int64_t row = (*token_of_row)[i] / tokens_per_row;
+      for (const RowAdapters::Group& g : groups->groups)
+        if (g.name == name && row >= g.begin && row < g.end) m[i] = 1.0f, any = true;
+    }
+    *none = !any;
+    return Tensor::from_floats(m, {int64_t(m.size()), 1}, dtype, device);
+  }
+};
+
+// Rows grouped by expert times each expert's W[e]ᵀ, plus each adapter's scale · (x A[e]ᵀ) B[e]ᵀ (factors in the
+// rows' dtype, as Linear's adapters).
+Tensor experts_product(const Tensor& rows, const Tensor& w, const std::vector<ExpertAdapter>& adapters,
+                       const std::vector<int64_t>& offsets, const AdapterRows& reach) {
+  Tensor y = ops::grouped_matmul(rows, w, offsets, true);
+  for (const ExpertAdapter& a : adapters) {
+    bool none = false;
+    const Tensor mask = reach.mask(a.name, rows.dtype(), rows.device(), &none);
+    if (none) continue;
+    const Tensor u = ops::grouped_matmul(rows, ops::cast(a.A, rows.dtype()), offsets, true);
+    Tensor delta = ops::scale(ops::grouped_matmul(u, ops::cast(a.B, rows.dtype()), offsets, true), a.scale);
+    y = ops::add(y, mask.defined() ? ops::mul(delta, mask) : delta);
+  }
+  return y;
+}
+
 }  // namespace
 
+Tensor merged_expert_weight(const Tensor& w, const std::vector<ExpertAdapter>& adapters) {
+  Tensor sum = ops::cast(w, DType::f32);
+  for (const ExpertAdapter& a : adapters) sum = ops::add(sum, ops::scale(ops::matmul(a.B, a.A), a.scale));
+  return ops::cast(sum, w.dtype());
+}
+
 Tensor moe_mlp(const MoeWeights& w, const Tensor& h, const ModelConfig& config, ops::GateActivation act,
-               Tensor* router_logits) {
+               Tensor* router_logits, const RowAdapters* row_adapters) {
   const int64_t C = h.dim(-1), N = h.numel() / C, E = config.num_experts, k = config.experts_per_token;
   const int64_t I = w.gate_up.dim(1) / 2;
   const Tensor x = ops::reshape(h, {N, C});
@@ -58,10 +103,11 @@ Tensor moe_mlp(const MoeWeights& w, const Tensor& h, const ModelConfig& config, 
                                    h.dtype());
   const ExpertRouting r = route_tokens(chosen.to_ints(), N, k, E);
 
+  const AdapterRows reach{row_adapters, &r.token_of_row, h.ndim() == 3 ? h.dim(1) : 1};
   const Tensor grouped = ops::gather_rows(x, r.token_of_row, k);             // [N k, C]
-  const Tensor gu = ops::grouped_matmul(grouped, w.gate_up, r.offsets, true);  // [N k, 2 I]
+  const Tensor gu = experts_product(grouped, w.gate_up, w.gate_up_adapters, r.offsets, reach);  // [N k, 2 I]
   const Tensor a = ops::gated_activation(ops::slice(gu, -1, 0, I), ops::slice(gu, -1, I, 2 * I), act);
-  const Tensor rows = ops::grouped_matmul(a, w.down, r.offsets, true);  // [N k, C]
+  const Tensor rows = experts_product(a, w.down, w.down_adapters, r.offsets, reach);  // [N k, C]
   // Each token's k outputs gathered back [N, k, C], weighted and summed over k.
   const Tensor mine = ops::reshape(ops::gather_rows(rows, r.row_of_choice, 1), {N, k, C});
   const Tensor y = ops::sum(ops::mul(mine, ops::reshape(weights, {N, k, 1})), {1});

@@ -1,6 +1,7 @@
 // Mixture-of-experts MLP (Mixtral, Qwen3-MoE) as transformers computes it, built from differentiable ops:
 //   logits = h Wrᵀ (router), p = softmax(logits) in f32, (w, e) = top-k of p, w /= Σ w when norm_topk_prob,
 //   y[n] = Σ_s w[n, s] · expert_{e[n, s]}(h[n]),   expert(x) = down(act(x Gᵀ) * (x Uᵀ))
+// (with LoRA on the experts, each stacked weight W[e] is used as W[e] + scale · B[e] A[e]: decoder.h ExpertAdapter)
 // Only the chosen experts run, each over the tokens routed to it (dropless): the routing is read back to the host,
 // the tokens are gathered into rows grouped by expert (one gather), each expert runs its two products on its block
 // of rows (ops::grouped_matmul: one op for all experts), and each token gathers back its k outputs (one gather) for
@@ -29,9 +30,13 @@ struct ExpertRouting {
 // chosen: token n's experts at n k + s, each in [0, experts).
 ExpertRouting route_tokens(const std::vector<int32_t>& chosen, int64_t tokens, int64_t k, int64_t experts);
 
-// h [..., C] (compute dtype) -> [..., C]. router_logits, when given, receives the f32 logits [N, E].
+// h [..., C] (compute dtype) -> [..., C]. router_logits, when given, receives the f32 logits [N, E]. With
+// row_adapters (h [B, T, C]), each expert adapter reaches only the batch rows of its groups (models/linear.h).
 Tensor moe_mlp(const MoeWeights& w, const Tensor& h, const ModelConfig& config, ops::GateActivation act,
-               Tensor* router_logits = nullptr);
+               Tensor* router_logits = nullptr, const RowAdapters* row_adapters = nullptr);
+
+// W [E, out, in] + Σ scale · B[e] A[e] over the adapters, in W's dtype (merged export).
+Tensor merged_expert_weight(const Tensor& w, const std::vector<ExpertAdapter>& adapters);
 
 // transformers' load_balancing_loss_func over the layers' router logits (each f32 [N, E]): with p = softmax of all
 // rows and the one-hot of each row's top-k choices, E · Σ_{s,e} mean_rows(onehot[:, s, e]) · mean_rows(p[:, e]).

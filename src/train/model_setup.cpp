@@ -234,6 +234,15 @@ TrainableModel build_trainable_model(const Recipe& r, Device device) {
       tm.params.push_back({nl.module + ".lora_B", a.B});
     }
   }
+  for (const models::NamedExperts& ne : models::named_experts(w))
+    for (const models::ExpertAdapter& a : *ne.adapters) {
+      if (a.name != "default") continue;
+      if (r.lora.dropout > 0)
+        throw ConfigError("lora.dropout > 0 with LoRA on the experts: PEFT's LoRA on parameters has no dropout; "
+                          "set lora.dropout: 0 or leave 'experts' out of lora.targets");
+      tm.params.push_back({ne.module + "." + ne.param + ".lora_A", a.A});
+      tm.params.push_back({ne.module + "." + ne.param + ".lora_B", a.B});
+    }
   if (tm.params.empty()) throw ConfigError("lora: no module of the model matches lora.targets");
   tm.unchecked_layers = choose_unchecked_layers(r, tm, device);
   keep_transposed_weights(r, tm, device);
