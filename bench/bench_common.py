@@ -54,9 +54,12 @@ def check_args(a):
     if a.alpha <= 0:
         a.alpha = 2.0 * a.rank
     a.target_kinds = LORA_KINDS if a.targets == "all-linear" else [t for t in a.targets.split(",") if t]
+    # "experts": LoRA on a mixture of experts' stacked expert weights (peft's target_parameters), as lmtune's
+    a.target_parameters = ["mlp.experts.gate_up_proj", "mlp.experts.down_proj"] if "experts" in a.target_kinds else []
+    a.target_kinds = [t for t in a.target_kinds if t != "experts"]
     unknown = [t for t in a.target_kinds if t not in LORA_KINDS]
-    if unknown or not a.target_kinds:
-        fail(f"--targets: unknown module kind(s) {unknown}; use all-linear or a comma list of {LORA_KINDS}")
+    if unknown or not (a.target_kinds or a.target_parameters):
+        fail(f"--targets: unknown module kind(s) {unknown}; use all-linear or a comma list of {LORA_KINDS + ['experts']}")
 
 
 def fail(msg):

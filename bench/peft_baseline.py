@@ -100,7 +100,8 @@ def main():
         a.alpha = float(model.peft_config["default"].lora_alpha)
     else:
         model = peft.get_peft_model(model, peft.LoraConfig(r=a.rank, lora_alpha=a.alpha, lora_dropout=0.0,
-                                                           target_modules=a.target_kinds, bias="none",
+                                                           target_modules=a.target_kinds or None, bias="none",
+                                                           target_parameters=a.target_parameters or None,
                                                            task_type="CAUSAL_LM"))
     model.train()
     trainable = [p for p in model.parameters() if p.requires_grad]
