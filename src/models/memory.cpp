@@ -18,7 +18,8 @@ TrainingMemoryEstimate estimate_training_memory(const ModelConfig& c, const Trai
   const uint64_t act = dtype_size(o.compute_dtype);
 
   // Mixture-of-experts layers have no dense MLP (its projections, adapters and activations): their experts stay
-  // unquantized and untargeted, and per token they keep the router's logits and k experts' activations.
+  // unquantized (targeted by LoRA only with expert_lora), and per token they keep the router's logits and k
+  // experts' activations.
   int64_t dense = 0;
   for (const LayerConfig& l : c.layers) dense += !l.moe;
   const int64_t sparse = L - dense, k = c.experts_per_token, EI = c.moe_intermediate_size;
@@ -35,6 +36,8 @@ TrainingMemoryEstimate estimate_training_memory(const ModelConfig& c, const Trai
   // LoRA on q, k, v, o, gate, up, down: R * (in + out) each.
   const int64_t attention = o.rank * ((C + HD) + (C + KVD) * 2 + (HD + C)), mlp = o.rank * ((C + I) * 2 + (I + C));
   e.lora_param_count = attention * L + mlp * dense;
+  // On the experts: gate_up_proj and down_proj of each, R * (C + 2 EI) + R * (EI + C).
+  if (o.expert_lora) e.lora_param_count += sparse * c.num_experts * o.rank * (2 * C + 3 * EI);
   e.lora_params = uint64_t(e.lora_param_count) * 4;
   e.lora_grads = e.lora_params;
   e.optimizer = 2 * e.lora_params;

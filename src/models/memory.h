@@ -14,6 +14,7 @@ struct TrainingMemoryOptions {
   int64_t batch = 1;
   int64_t seq = 2048;
   int64_t rank = 16;                  // LoRA rank on all seven projections of every layer
+  bool expert_lora = false;           // and on every expert of the mixture-of-experts layers (lora.targets: experts)
   DType weight_dtype = DType::bf16;   // frozen base weights
   std::optional<quant::Format> quantize;  // the decoder layers' projections in this format (QLoRA), else dense
   DType compute_dtype = DType::bf16;  // activations

@@ -14,6 +14,7 @@
 #include "io/peft_adapter.h"
 #include "models/adapters.h"
 #include "models/decoder.h"
+#include "models/memory.h"
 #include "models/moe.h"
 #include "models/weights.h"
 #include "models_test_util.h"
@@ -153,6 +154,18 @@ TEST_P(ExpertLora, RowAdaptersReachOnlyTheirRows) {
 
 INSTANTIATE_TEST_SUITE_P(Devices, ExpertLora, ::testing::ValuesIn(test::test_devices()),
                          [](const auto& info) { return info.param == "cpu" ? std::string("cpu") : "vulkan"; });
+
+// The training-memory estimate counts the experts' adapters exactly as add_lora makes them.
+TEST(ExpertLoraTargets, MemoryEstimateCountsTheExpertAdapters) {
+  Decoder model = load_decoder(fixture_dir("qwen3_moe"), DType::f32, DType::f32, Device::cpu());
+  int64_t made = 0;
+  for (const Tensor& t : add_lora(model.weights(), {"experts"}, 4, 2.0f, 1)) made += t.numel();
+  TrainingMemoryOptions o;
+  o.rank = 4;
+  const int64_t without = estimate_training_memory(model.config(), o).lora_param_count;
+  o.expert_lora = true;
+  EXPECT_EQ(estimate_training_memory(model.config(), o).lora_param_count - without, made);
+}
 
 TEST(ExpertLoraTargets, ModelWithoutExpertsRefusesThem) {
   Decoder model = load_decoder(fixture_dir("llama"), DType::f32, DType::f32, Device::cpu());
