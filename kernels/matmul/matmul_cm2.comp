@@ -17,6 +17,10 @@
 // of A come in groups, group g's rows times matrix g of a stacked B [G, K, N] (TB: [G, N, K]), g * b_gs elements
 // after b_off. Workgroup row y takes tiles[y] = (first row, end of its group's rows, g): each group's last tile
 // reads zeros and stores nothing past its group's end. No addend.
+// OUTER = 1: the stacked weight's gradient of those products (GroupedOuter): C[g] = A_gᵀ B_g over the rows of
+// group g, A [R, M] and B [R, N] row-major, C [G, M, N] (b_gs = M N apart). Workgroup (x, y, z) takes the 128x256
+// tile (y, x) of C[z]; tiles[z] = (first row, end row) of group z: the K loop runs over those rows only, zero for
+// an empty group. No addend.
 #extension GL_EXT_control_flow_attributes : enable
 #extension GL_EXT_shader_16bit_storage : require
 #extension GL_EXT_shader_explicit_arithmetic_types_float16 : require
@@ -34,6 +38,9 @@
 #endif
 #ifndef GROUPED
 #define GROUPED 0
+#endif
+#ifndef OUTER
+#define OUTER 0
 #endif
 const uint BM = 128, BN = 256, BK = 32, UNROLL = 16;
 layout(local_size_x = 256) in;
@@ -57,14 +64,14 @@ layout(binding = 2) writeonly buffer CBuf { float c[]; };
 #else
 layout(binding = 2) writeonly buffer CBuf { float16_t c[]; };
 #endif
-#if GROUPED
+#if GROUPED || OUTER
 layout(binding = 3) readonly buffer Tiles { uvec4 tiles[]; };
 #else
 layout(binding = 3) readonly buffer UBuf { uint16_t u[]; };
 layout(binding = 4) readonly buffer VBuf { uint16_t v[]; };
 #endif
 
-#if !GROUPED
+#if !GROUPED && !OUTER
 layout(buffer_reference, std430, buffer_reference_align = 2) buffer Word16 { uint16_t w[]; };
 float16_t decode_addend(const in Word16 bl, const in uint block[2], const in uint in_block[2]) {
   const uint h = uint(bl.w[0]);
@@ -98,6 +105,41 @@ float16_t decode_addend(const in Word16 bl, const in uint block[2], const in uin
   }
 #endif
 
+#if OUTER
+void main() {
+  const uint n0 = gl_WorkGroupID.x * BN, m0 = gl_WorkGroupID.y * BM, g = gl_WorkGroupID.z;
+  const uint begin = tiles[g].x, end = tiles[g].y;
+  const uint a_rs = p.a_rs & ~7u, b_rs = p.b_rs & ~7u, c_rs = p.c_rs & ~7u;
+  const uint a_off = p.a_off & ~7u, b_off = p.b_off & ~7u, c_off = (p.c_off + g * p.b_gs) & ~7u;
+  tensorViewNV<2, false, 1, 0> trans = createTensorViewNV(2, false, 1, 0);
+  // Rows past the group's end read as zeros: the last K step may be partial.
+  tensorLayoutNV<2, CLAMP> la = createTensorLayoutNV(2, CLAMP), lb = createTensorLayoutNV(2, CLAMP);
+  la = setTensorLayoutStrideNV(setTensorLayoutDimensionNV(la, end, p.M), a_rs, 1);
+  lb = setTensorLayoutStrideNV(setTensorLayoutDimensionNV(lb, end, p.N), b_rs, 1);
+  ACC acc = ACC(0.0);
+  uint k = begin;
+  for (; k + 4u * BK <= end; k += 4u * BK)
+    [[unroll]] for (uint s = 0; s < 4u; ++s) {
+      MAT_A ma;
+      MAT_B mb;
+      coopMatLoadTensorNV(ma, a, a_off, sliceTensorLayoutNV(la, k + s * BK, BK, m0, BM), trans);
+      coopMatLoadTensorNV(mb, b, b_off, sliceTensorLayoutNV(lb, k + s * BK, BK, n0, BN));
+      acc = coopMatMulAdd(ma, mb, acc);
+    }
+  for (; k < end; k += BK) {
+    MAT_A ma;
+    MAT_B mb;
+    coopMatLoadTensorNV(ma, a, a_off, sliceTensorLayoutNV(la, k, BK, m0, BM), trans);
+    coopMatLoadTensorNV(mb, b, b_off, sliceTensorLayoutNV(lb, k, BK, n0, BN));
+    acc = coopMatMulAdd(ma, mb, acc);
+  }
+  tensorLayoutNV<2, CLAMP> lc = createTensorLayoutNV(2, CLAMP);
+  lc = setTensorLayoutStrideNV(setTensorLayoutDimensionNV(lc, p.M, p.N), c_rs, 1);
+  coopmat<float16_t, gl_ScopeWorkgroup, BM, BN, gl_MatrixUseAccumulator> c16 =
+      coopmat<float16_t, gl_ScopeWorkgroup, BM, BN, gl_MatrixUseAccumulator>(acc);
+  coopMatStoreTensorNV(c16, c, c_off, sliceTensorLayoutNV(lc, m0, BM, n0, BN));
+}
+#else
 void main() {
   const uint n0 = gl_WorkGroupID.x * BN;
   // 16-byte aligned rows and starts (the host checks them), in a form the compiler can see.
@@ -173,3 +215,4 @@ void main() {
   coopMatStoreTensorNV(c16, c, c_off, sliceTensorLayoutNV(lc, m0, BM, n0, BN));
 #endif
 }
+#endif

@@ -19,6 +19,7 @@
 #include "backend/vulkan/matmul_plan.h"
 #include "backend/vulkan/recorder.h"
 #include "backend/vulkan/vulkan_backend.h"
+#include "core/autodiff.h"
 #include "core/error.h"
 #include "core/ops.h"
 #include "core/ops/matmul.h"
@@ -529,6 +530,40 @@ TEST_F(VulkanMatmul, GroupedProductsInOneDispatch) {
         std::copy(part.begin(), part.end(), ref.begin() + offsets[size_t(g)] * N);
       }
       EXPECT_LT(nmse(y.to_doubles(), ref), threshold(dt, false));
+    }
+}
+
+// The stacked weight's gradient of those products (GroupedOuter: y[g] = a_gᵀ b_g over group g's rows) in one
+// dispatch of matmul_cm2_grouped_outer: empty groups (zeros), a one-row group, groups past the unrolled K steps with
+// a partial last one; M one partial row tile (a LoRA rank) and several, N several column tiles with a partial last.
+TEST_F(VulkanMatmul, GroupedOuterInOneDispatch) {
+  vk::Context& ctx = vk::context_for(dev_);
+  if (!ctx.features().cooperative_matrix2) GTEST_SKIP() << "no cooperative matrices 2";
+  if (!ctx.features().timestamps) GTEST_SKIP() << "no timestamps to count dispatches by";
+  NoGrad no_grad;
+  const std::vector<int64_t> offsets{0, 0, 130, 131, 431, 431, 440};
+  const int64_t G = int64_t(offsets.size()) - 1, R = offsets.back(), N = 520;
+  for (DType dt : {DType::f16, DType::bf16})
+    for (int64_t M : {int64_t(16), int64_t(264)}) {
+      if (dt == DType::bf16 && !ctx.features().bf16_cooperative_matrix) continue;
+      SCOPED_TRACE(std::string(dtype_name(dt)) + " M " + std::to_string(M));
+      Tensor a = Tensor::randn({R, M}, 63, 1.0f, dt, dev_), b = Tensor::randn({R, N}, 64, 1.0f, dt, dev_);
+      Tensor y;  // allocated uninitialised: the empty groups' zeros must come from the kernel
+      const DispatchCount c = count_dispatches(ctx, "matmul_cm2_grouped_outer", [&] {
+        y = apply1(std::make_shared<GroupedOuter>(offsets), {a, b}, {{G, M, N}, dt});
+      });
+      EXPECT_EQ(c.matching, 1u) << c.report;
+      EXPECT_EQ(c.all, 1u) << c.report;
+      const std::vector<double> av = a.to_doubles(), bv = b.to_doubles();
+      std::vector<double> ref(size_t(G * M * N), 0.0);
+      for (int64_t g = 0; g < G; ++g)
+        for (int64_t r = offsets[size_t(g)]; r < offsets[size_t(g) + 1]; ++r)
+          for (int64_t m = 0; m < M; ++m)
+            for (int64_t n = 0; n < N; ++n)
+              ref[size_t((g * M + m) * N + n)] += av[size_t(r * M + m)] * bv[size_t(r * N + n)];
+      EXPECT_LT(nmse(y.to_doubles(), ref), threshold(dt, false));
+      const std::vector<double> got = y.to_doubles();
+      for (int64_t i = 0; i < M * N; ++i) ASSERT_EQ(got[size_t(i)], 0.0) << "empty group 0 at " << i;
     }
 }
 

@@ -295,4 +295,11 @@ void GroupedMatmul::eval_vulkan(const std::vector<Tensor>& in, std::vector<Tenso
   vk::record_cm2_grouped(ctx, kernel, in[0], in[1], offsets, out[0]);
 }
 
+void GroupedOuter::eval_vulkan(const std::vector<Tensor>& in, std::vector<Tensor>& out) {
+  vk::Context& ctx = vk::context_for(out[0].device());
+  const std::string kernel = vk::cm2_outer_kernel(ctx, in[0], in[1], out[0]);
+  if (kernel.empty()) return forward(in, out);
+  vk::record_cm2_outer(ctx, kernel, in[0], in[1], offsets, out[0]);
+}
+
 }  // namespace lmtune

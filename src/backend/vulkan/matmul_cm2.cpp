@@ -103,6 +103,37 @@ std::string cm2_grouped_kernel(Context& ctx, const Tensor& x, const Tensor& w, c
   return built(ctx, "matmul_cm2_grouped_" + operands + (transposed ? "_t" : "_n"));
 }
 
+std::string cm2_outer_kernel(Context& ctx, const Tensor& a, const Tensor& b, const Tensor& y) {
+  const Features& f = ctx.features();
+  const DType dt = a.dtype();
+  if (!f.cooperative_matrix2 || !is16(dt) || b.dtype() != dt || y.dtype() != dt ||
+      (dt == DType::bf16 && !f.bf16_cooperative_matrix))
+    return "";
+  if (!contiguous_aligned(a) || !contiguous_aligned(b) || !contiguous_aligned(y) || !aligned(a.dim(1)) ||
+      !aligned(b.dim(1)) || y.dim(0) > int64_t(ctx.properties().limits.maxComputeWorkGroupCount[2]))
+    return "";
+  const int64_t words = std::numeric_limits<uint32_t>::max();
+  if (a.offset() + a.numel() > words || b.offset() + b.numel() > words || y.offset() + y.numel() > words) return "";
+  return built(ctx, std::string("matmul_cm2_grouped_outer_") + (dt == DType::bf16 ? "bf16" : "f16"));
+}
+
+void record_cm2_outer(Context& ctx, const std::string& kernel, const Tensor& a, const Tensor& b,
+                      const std::vector<int64_t>& offsets, Tensor& y) {
+  // One entry per group: its first row and its end.
+  std::vector<int32_t> ranges;
+  for (size_t g = 0; g + 1 < offsets.size(); ++g)
+    ranges.insert(ranges.end(), {int32_t(offsets[g]), int32_t(offsets[g + 1]), 0, 0});
+  const int64_t G = int64_t(offsets.size()) - 1, M = a.dim(1), N = b.dim(1);
+  Cm2Params p{};
+  p.M = uint32_t(M), p.N = uint32_t(N), p.K = uint32_t(a.dim(0));
+  p.a_off = uint32_t(a.offset()), p.a_rs = uint32_t(M);
+  p.b_off = uint32_t(b.offset()), p.b_rs = uint32_t(N);
+  p.c_off = uint32_t(y.offset()), p.c_rs = uint32_t(N), p.b_gs = uint32_t(M * N);
+  const Tensor table = Tensor::from_ints(ranges, {G, 4}, a.device());
+  ctx.dispatch(kernel, {in(a), in(b), out(y), in(table)}, p,
+               {uint32_t((N + kTileN - 1) / kTileN), uint32_t((M + kTileM - 1) / kTileM), uint32_t(G)});
+}
+
 void record_cm2(Context& ctx, const std::string& kernel, const Tensor& a, const Tensor& b, Tensor& c,
                 const LowRankTerm* lr) {
   const int64_t M = c.dim(0), N = c.dim(1), K = a.dim(1);

@@ -27,4 +27,12 @@ std::string cm2_grouped_kernel(Context& ctx, const Tensor& x, const Tensor& w, c
 void record_cm2_grouped(Context& ctx, const std::string& kernel, const Tensor& x, const Tensor& w,
                         const std::vector<int64_t>& offsets, Tensor& y);
 
+// GroupedOuter (the stacked weight's gradient) in one dispatch: y[g] = a_gᵀ b_g over the rows of group g, a [R, M],
+// b [R, N], y [G, M, N]. The kernel's name where it takes it, else "": as cm2_grouped_kernel, and G within the
+// device's grid depth.
+std::string cm2_outer_kernel(Context& ctx, const Tensor& a, const Tensor& b, const Tensor& y);
+// Records it on `kernel` (from cm2_outer_kernel); offsets as GroupedOuter's.
+void record_cm2_outer(Context& ctx, const std::string& kernel, const Tensor& a, const Tensor& b,
+                      const std::vector<int64_t>& offsets, Tensor& y);
+
 }  // namespace lmtune::vk

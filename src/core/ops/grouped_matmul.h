@@ -31,13 +31,14 @@ class GroupedMatmul final : public Primitive {
 };
 
 // Inputs: a [R, A], b [R, B]. Output [G, A, B]: block g is a_gᵀ b_g over the rows of group g (zero for a group
-// without rows). The stacked weight's gradient of GroupedMatmul; no gradient of its own.
+// without rows). The stacked weight's gradient of GroupedMatmul; no gradient of its own. On a device with
+// workgroup-scope cooperative matrices all groups are one dispatch; elsewhere a product per group.
 class GroupedOuter final : public Primitive {
  public:
   explicit GroupedOuter(std::vector<int64_t> offsets) : offsets(std::move(offsets)) {}
   const char* name() const override { return "grouped_outer"; }
   void eval_cpu(const std::vector<Tensor>& in, std::vector<Tensor>& out) override { forward(in, out); }
-  void eval_vulkan(const std::vector<Tensor>& in, std::vector<Tensor>& out) override { forward(in, out); }
+  void eval_vulkan(const std::vector<Tensor>& in, std::vector<Tensor>& out) override;
 
   const std::vector<int64_t> offsets;
 
