@@ -59,7 +59,8 @@ def check_args(a):
     a.target_kinds = [t for t in a.target_kinds if t != "experts"]
     unknown = [t for t in a.target_kinds if t not in LORA_KINDS]
     if unknown or not (a.target_kinds or a.target_parameters):
-        fail(f"--targets: unknown module kind(s) {unknown}; use all-linear or a comma list of {LORA_KINDS + ['experts']}")
+        kinds = LORA_KINDS + ["experts"]
+        fail(f"--targets: unknown module kind(s) {unknown}; use all-linear or a comma list of {kinds}")
 
 
 def fail(msg):

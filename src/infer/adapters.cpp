@@ -44,8 +44,8 @@ void validate_adapter(const PeftAdapter& adapter, models::DecoderWeights& weight
   for (const auto& [module, lw] : adapter.modules) {
     auto it = by_module.find(module);
     // LoRA on the experts (target_parameters): attach_peft checks those against the stacked weights.
-    if (it == by_module.end() && !adapter.target_parameters.empty() && module.find(".mlp.experts") != std::string::npos)
-      continue;
+    const bool experts = module.find(".mlp.experts") != std::string::npos;
+    if (it == by_module.end() && !adapter.target_parameters.empty() && experts) continue;
     if (it == by_module.end())
       throw FileError(where + ": module '" + module + "' does not exist in the base model (" +
                       std::to_string(weights.layers.size()) + " layers)");

@@ -61,7 +61,8 @@ std::vector<float> expert_b_from_peft(const std::vector<float>& p, int64_t E, in
 
 // A fresh adapter on a stacked expert weight [E, out, in], initialised as PEFT's ParamWrapper does: its lora_A is
 // an nn.Linear(in, R E), kaiming-uniform, i.e. U(-1/sqrt(in), 1/sqrt(in)); B zero.
-ExpertAdapter fresh_expert_adapter(const Tensor& w, int64_t rank, float scale, uint64_t seed, const std::string& name) {
+ExpertAdapter fresh_expert_adapter(const Tensor& w, int64_t rank, float scale, uint64_t seed,
+                                   const std::string& name) {
   const int64_t E = w.dim(0), out = w.dim(1), in = w.dim(2);
   const float bound = 1.0f / std::sqrt(float(in));
   ExpertAdapter a;
@@ -136,7 +137,8 @@ std::vector<Tensor> add_lora(DecoderWeights& w, const std::vector<std::string>& 
   }
   if (!wants_experts(targets)) return params;
   const std::vector<NamedExperts> experts = named_experts(w);
-  if (experts.empty()) throw ConfigError("lora.targets: 'experts' given, but the model has no mixture-of-experts layer");
+  if (experts.empty())
+    throw ConfigError("lora.targets: 'experts' given, but the model has no mixture-of-experts layer");
   for (const NamedExperts& ne : experts) {
     ne.adapters->push_back(fresh_expert_adapter(*ne.weight, rank, scale, seed * 1000003ull + i++, name));
     params.push_back(ne.adapters->back().A);

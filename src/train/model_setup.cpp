@@ -150,7 +150,8 @@ uint64_t estimated_training_bytes(const Recipe& r, const ModelConfig& c) {
   mo.compute_dtype = compute_dtype(r);
   const bool full = r.finetune == Finetune::full;
   mo.rank = full ? 0 : r.lora.rank;
-  mo.expert_lora = !full && std::find(r.lora.targets.begin(), r.lora.targets.end(), "experts") != r.lora.targets.end();
+  mo.expert_lora =
+      !full && std::find(r.lora.targets.begin(), r.lora.targets.end(), "experts") != r.lora.targets.end();
   mo.weight_dtype = full ? DType::f32 : mo.compute_dtype == DType::f32 ? stored_dtype(c) : mo.compute_dtype;
   mo.quantize = r.quantize;
   const uint64_t e = models::estimate_training_memory(c, mo).total(r.train.grad_checkpointing);
