@@ -43,6 +43,10 @@ YAML::Node overlay(const YAML::Node& base, const YAML::Node& top) {
   if (!base.IsMap() || !top.IsMap()) return YAML::Clone(top);
   YAML::Node out = YAML::Clone(base);
   for (const auto& kv : top) {
+    if (!kv.first.IsScalar()) {  // a complex key: kept for reject_unknown to report
+      out.force_insert(kv.first, kv.second);
+      continue;
+    }
     std::string key = kv.first.as<std::string>();
     out[key] = out[key] ? overlay(out[key], kv.second) : YAML::Clone(kv.second);
   }
@@ -180,6 +184,9 @@ class Binder {
   // Every key in the tree must be known (or under a known key).
   void reject_unknown(const YAML::Node& node, const std::string& prefix) {
     for (const auto& kv : node) {
+      if (!kv.first.IsScalar())  // YAML's complex keys ("? [a, b]: 1", "? : x")
+        throw ConfigError(where(file_, kv.first) + ": a key" + (prefix.empty() ? "" : " under '" + prefix + "'") +
+                          " must be a plain name, not " + (kv.first.IsNull() ? "empty" : "a list or mapping"));
       std::string key = prefix.empty() ? kv.first.as<std::string>() : prefix + "." + kv.first.as<std::string>();
       if (known_.count(key)) continue;
       bool is_section = false;

@@ -53,6 +53,15 @@ TEST(Recipe, UnknownKeysNameKeyAndLine) {
   EXPECT_NE(e.find("unknown key 'train.stpes'"), std::string::npos) << e;
 }
 
+// Found by fuzz_recipe: a complex key ("? :" or "? [a, b]") escaped as yaml-cpp's bad conversion.
+TEST(Recipe, ComplexKeysAreErrors) {
+  for (const std::string extra : {"? :\n", "? [a, b]\n: 1\n", "lora:\n  ? {x: 1}\n  : 2\n"}) {
+    const std::string e = error_of(std::string(kMinimal) + extra);
+    EXPECT_NE(e.find("must be a plain name"), std::string::npos) << extra << ": " << e;
+    EXPECT_NE(e.find("r.yaml:"), std::string::npos) << e;
+  }
+}
+
 TEST(Recipe, WrongTypesAndValues) {
   EXPECT_NE(error_of(kMinimal, {"lora.rank=abc"}).find("key 'lora.rank': expected an integer"), std::string::npos);
   EXPECT_NE(error_of(kMinimal, {"precision=fp8"}).find("'fp8' is not one of fp32, fp16, bf16"), std::string::npos);
@@ -120,6 +129,9 @@ TEST(Recipe, BaseFilesLayer) {
   EXPECT_EQ(r.train.steps, 7);
   EXPECT_EQ(r.train.seed, 3u);
   EXPECT_THROW(load_recipe(dir / "missing.yaml"), ConfigError);
+  // A complex key over a base file is refused like one without (fuzz_recipe's finding, through the overlay).
+  std::ofstream(dir / "c.yaml") << "base: configs/base.yaml\nmodel: m\ndata:\n  train: t\n? [a, b]\n: 1\n";
+  EXPECT_THROW(load_recipe(dir / "c.yaml"), ConfigError);
   std::filesystem::remove_all(dir);
 }
 
