@@ -4,6 +4,7 @@
 #include <utf8proc.h>
 
 #include <algorithm>
+#include <cstdint>
 
 #include "tokenizer/tokenizer_internal.h"
 
@@ -157,10 +158,18 @@ std::unique_ptr<PostProcessor> make_post_processor(const json& j, const Origin& 
       if (item.contains("Sequence")) {
         t->layout.push_back(-1);
       } else if (item.contains("SpecialToken")) {
-        std::string name = item["SpecialToken"].value("id", std::string());
-        if (!specials.contains(name) || !specials[name].contains("ids") || !specials[name]["ids"].is_array())
+        const json& token = item["SpecialToken"];
+        if (!token.is_object() || !token.contains("id") || !token["id"].is_string())
+          where.at("SpecialToken").fail("expected an object with a string 'id'");
+        const std::string name = token["id"];
+        if (!specials.is_object() || !specials.contains(name) || !specials[name].is_object() ||
+            !specials[name].contains("ids") || !specials[name]["ids"].is_array())
           where.fail("special token '" + name + "' is not listed in special_tokens");
-        for (const auto& id : specials[name]["ids"]) t->layout.push_back(id.get<int32_t>());
+        for (const auto& id : specials[name]["ids"]) {
+          if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() > INT32_MAX)
+            origin.at("special_tokens").at(name).fail("ids must be non-negative integers, got " + id.dump());
+          t->layout.push_back(id.get<int32_t>());
+        }
       } else {
         where.fail("expected a Sequence or SpecialToken item");
       }

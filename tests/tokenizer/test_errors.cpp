@@ -31,6 +31,32 @@ TEST(TokenizerErrors, NumberOutOfRangeIsInvalidJson) {
   EXPECT_NE(e.find("number overflow"), std::string::npos) << e;
 }
 
+// Found by fuzz_tokenizer: a TemplateProcessing item whose SpecialToken id is a number escaped as nlohmann's
+// type_error; so did ids that are not integers.
+TEST(TokenizerErrors, TemplateProcessingWithWrongTypesNamesTheItem) {
+  auto with_post = [](const std::string& post) {
+    return std::string("{") + kTinyModel + R"(, "post_processor": )" + post + "}";
+  };
+  const std::pair<std::string, std::string> cases[] = {
+      {R"({"type": "TemplateProcessing", "single": [{"SpecialToken": {"id": 7}}], "special_tokens": {}})",
+       "post_processor.single[0].SpecialToken: expected an object with a string 'id'"},
+      {R"({"type": "TemplateProcessing", "single": [{"SpecialToken": "x"}], "special_tokens": {}})",
+       "post_processor.single[0].SpecialToken: expected an object with a string 'id'"},
+      {R"({"type": "TemplateProcessing", "single": [{"SpecialToken": {"id": "x"}}],
+           "special_tokens": {"x": {"ids": ["0"]}}})",
+       "post_processor.special_tokens.x: ids must be non-negative integers, got \"0\""},
+      {R"({"type": "TemplateProcessing", "single": [{"SpecialToken": {"id": "x"}}],
+           "special_tokens": {"x": {"ids": [-1]}}})",
+       "ids must be non-negative integers, got -1"},
+      {R"({"type": "TemplateProcessing", "single": [{"SpecialToken": {"id": "x"}}], "special_tokens": [1]})",
+       "special token 'x' is not listed in special_tokens"},
+  };
+  for (const auto& [post, want] : cases) {
+    const std::string e = error_of(with_post(post));
+    EXPECT_NE(e.find(want), std::string::npos) << post << ": " << e;
+  }
+}
+
 TEST(TokenizerErrors, MalformedFilesNameTheProblem) {
   EXPECT_NE(error_of("{not json").find("bad.json: invalid JSON"), std::string::npos);
   EXPECT_NE(error_of("{}").find("bad.json: missing 'model'"), std::string::npos);
