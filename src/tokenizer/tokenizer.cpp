@@ -142,6 +142,19 @@ void fill_id_tables(tok::Pipeline& p, const std::vector<tok::AddedToken>& added,
   }
 }
 
+// Runs f, turning nlohmann's type and range errors (value() or get() of a field holding another type) into the
+// file's error naming the section being read (fuzz_tokenizer found them escaping as foreign exceptions).
+template <class F>
+auto in_section(const tok::Origin& where, F&& f) -> decltype(f()) {
+  try {
+    return f();
+  } catch (const json::type_error& e) {
+    where.fail(std::string("a field has the wrong type (") + e.what() + ")");
+  } catch (const json::out_of_range& e) {
+    where.fail(std::string("a field is out of range (") + e.what() + ")");
+  }
+}
+
 }  // namespace
 
 Tokenizer Tokenizer::from_json_string(std::string_view text, const std::string& name) {
@@ -153,11 +166,14 @@ Tokenizer Tokenizer::from_json_string(std::string_view text, const std::string& 
   p->name = name;
   p->normalizer_spec = root.value("normalizer", json());
   p->pre_tokenizer_spec = root.value("pre_tokenizer", json());
-  p->normalizer = tok::make_normalizer(p->normalizer_spec, origin.at("normalizer"));
-  p->pre_tokenizer = tok::make_pre_tokenizer(p->pre_tokenizer_spec, origin.at("pre_tokenizer"));
-  p->model = std::make_unique<tok::Bpe>(root["model"], origin.at("model"));
-  p->post_processor = tok::make_post_processor(root.value("post_processor", json()), origin.at("post_processor"));
-  p->decoder = tok::make_decoder(root.value("decoder", json()), origin.at("decoder"));
+  const tok::Origin norm = origin.at("normalizer"), pre = origin.at("pre_tokenizer"), model = origin.at("model");
+  const tok::Origin post = origin.at("post_processor"), dec = origin.at("decoder");
+  p->normalizer = in_section(norm, [&] { return tok::make_normalizer(p->normalizer_spec, norm); });
+  p->pre_tokenizer = in_section(pre, [&] { return tok::make_pre_tokenizer(p->pre_tokenizer_spec, pre); });
+  p->model = in_section(model, [&] { return std::make_unique<tok::Bpe>(root["model"], model); });
+  p->post_processor =
+      in_section(post, [&] { return tok::make_post_processor(root.value("post_processor", json()), post); });
+  p->decoder = in_section(dec, [&] { return tok::make_decoder(root.value("decoder", json()), dec); });
 
   std::vector<tok::AddedToken> added;
   const json& list = root.value("added_tokens", json::array());
@@ -171,11 +187,13 @@ Tokenizer Tokenizer::from_json_string(std::string_view text, const std::string& 
     tok::AddedToken t;
     t.id = tok::token_id(a["id"], where, "token '" + a["content"].get<std::string>() + "'");
     t.content = a["content"].get<std::string>();
-    t.special = a.value("special", false);
-    t.lstrip = a.value("lstrip", false);
-    t.rstrip = a.value("rstrip", false);
-    t.single_word = a.value("single_word", false);
-    t.normalized = a.value("normalized", !t.special);
+    in_section(where, [&] {
+      t.special = a.value("special", false);
+      t.lstrip = a.value("lstrip", false);
+      t.rstrip = a.value("rstrip", false);
+      t.single_word = a.value("single_word", false);
+      t.normalized = a.value("normalized", !t.special);
+    });
     added.push_back(std::move(t));
   }
   fill_id_tables(*p, added, origin);

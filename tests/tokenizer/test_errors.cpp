@@ -57,6 +57,24 @@ TEST(TokenizerErrors, TemplateProcessingWithWrongTypesNamesTheItem) {
   }
 }
 
+// Found by fuzz_tokenizer too: any field read with a default (`"invert": "ByteLevel"` where a boolean belongs)
+// escaped as nlohmann's type_error; every section now names itself in a FileError.
+TEST(TokenizerErrors, FieldsOfTheWrongTypeNameTheSection) {
+  const std::pair<std::string, std::string> cases[] = {
+      {R"("pre_tokenizer": {"type": "Sequence", "pretokenizers": [{"type": "Split", "pattern": {"Regex": "a"},
+          "invert": "ByteLevel"}]})", "bad.json: pre_tokenizer: a field has the wrong type"},
+      {R"("pre_tokenizer": {"type": "ByteLevel", "use_regex": 1})",
+       "bad.json: pre_tokenizer: a field has the wrong type"},
+      {R"("decoder": {"type": "ByteLevel", "trim_offsets": []})", "no error"},
+      {R"("added_tokens": [{"id": 5, "content": "<x>", "special": "yes"}])",
+       "bad.json: added_tokens[0]: a field has the wrong type"},
+  };
+  for (const auto& [part, want] : cases) {
+    const std::string e = error_of(std::string("{") + kTinyModel + ", " + part + "}");
+    EXPECT_NE(e.find(want), std::string::npos) << part << ": " << e;
+  }
+}
+
 TEST(TokenizerErrors, MalformedFilesNameTheProblem) {
   EXPECT_NE(error_of("{not json").find("bad.json: invalid JSON"), std::string::npos);
   EXPECT_NE(error_of("{}").find("bad.json: missing 'model'"), std::string::npos);
