@@ -227,21 +227,30 @@ struct AttentionShape {
   int64_t B, T, H, KV, D;
   bool fused, backward;  // flash_attention or attention_reference; forward only or forward + backward
   bool causal = true;
+  int64_t S = 0;  // keys, when more than T: the queries are the last T of them (decoding over a KV cache)
 };
 
-// --attention-shapes entries BxTxHxKVxD[:full] (H a multiple of KV; full: no causal mask).
+// --attention-shapes entries BxTxHxKVxD[:full][:keys=S] (H a multiple of KV; full: no causal mask; keys=S: S >= T
+// keys, the T queries being the last T positions, as when decoding over a cache).
 std::vector<AttentionShape> parse_attention_shapes(const std::string& list) {
   std::vector<AttentionShape> s;
-  for (std::string one : split_commas(list)) {
+  for (const std::string& entry : split_commas(list)) {
+    std::string one = entry;
+    bool full = false;
+    long long keys = 0;  // -1: an option not understood
+    for (size_t colon; keys >= 0 && (colon = one.rfind(':')) != std::string::npos; one.resize(colon)) {
+      const std::string opt = one.substr(colon + 1);
+      char extra;
+      if (opt == "full") full = true;
+      else if (std::sscanf(opt.c_str(), "keys=%lld%c", &keys, &extra) != 1 || keys <= 0) keys = -1;
+    }
     long long b, t, h, kv, d;
     char extra;
-    const bool full = one.size() > 5 && one.substr(one.size() - 5) == ":full";
-    if (full) one.resize(one.size() - 5);
-    if (std::sscanf(one.c_str(), "%lldx%lldx%lldx%lldx%lld%c", &b, &t, &h, &kv, &d, &extra) != 5 || b <= 0 ||
-        t <= 0 || h <= 0 || kv <= 0 || d <= 0 || h % kv != 0)
-      throw ConfigError("bench: bad --attention-shapes entry '" + one +
-                        "' (expected BxTxHxKVxD[:full], H a multiple of KV)");
-    s.push_back({b, t, h, kv, d, true, false, !full});
+    if (keys < 0 || std::sscanf(one.c_str(), "%lldx%lldx%lldx%lldx%lld%c", &b, &t, &h, &kv, &d, &extra) != 5 ||
+        b <= 0 || t <= 0 || h <= 0 || kv <= 0 || d <= 0 || h % kv != 0 || (keys > 0 && keys < t))
+      throw ConfigError("bench: bad --attention-shapes entry '" + entry +
+                        "' (expected BxTxHxKVxD[:full][:keys=S], H a multiple of KV, S >= T)");
+    s.push_back({b, t, h, kv, d, true, false, !full, keys > t ? keys : 0});
   }
   return s;
 }
@@ -256,13 +265,15 @@ std::vector<AttentionShape> attention_shapes(const BenchOptions& o, bool small) 
   for (const auto& b : base)
     for (bool fused : {true, false})
       if (fused || o.attention.empty())
-      for (bool backward : {false, true}) s.push_back({b.B, b.T, b.H, b.KV, b.D, fused, backward, b.causal});
+      for (bool backward : {false, true})
+        if (!backward || b.S == 0) s.push_back({b.B, b.T, b.H, b.KV, b.D, fused, backward, b.causal, b.S});
   return s;
 }
 
 std::string attention_label(const AttentionShape& a) {
   return "B" + std::to_string(a.B) + " T" + std::to_string(a.T) + " H" + std::to_string(a.H) + "/" +
-         std::to_string(a.KV) + " D" + std::to_string(a.D) + (a.causal ? "" : " full") + (a.backward ? " f+b" : " fwd");
+         std::to_string(a.KV) + " D" + std::to_string(a.D) + (a.S ? " S" + std::to_string(a.S) : "") +
+         (a.causal ? "" : " full") + (a.backward ? " f+b" : " fwd");
 }
 
 // bf16 attention, causal unless asked. FLOPs counted as 4 B H T S D for the forward pass, halved for causal, and
@@ -275,11 +286,13 @@ Result bench_attention(const AttentionShape& a, Device dev, int reps) {
   r.kernel = a.fused ? "flash" : "reference";
   r.flops = true;
   Tensor q = Tensor::randn({a.B, a.T, a.H, a.D}, 6, 1.0f, DType::bf16, dev);
-  Tensor k = Tensor::randn({a.B, a.T, a.KV, a.D}, 7, 1.0f, DType::bf16, dev);
-  Tensor v = Tensor::randn({a.B, a.T, a.KV, a.D}, 8, 1.0f, DType::bf16, dev);
+  const int64_t S = a.S ? a.S : a.T;
+  Tensor k = Tensor::randn({a.B, S, a.KV, a.D}, 7, 1.0f, DType::bf16, dev);
+  Tensor v = Tensor::randn({a.B, S, a.KV, a.D}, 8, 1.0f, DType::bf16, dev);
   Tensor d_o = Tensor::randn({a.B, a.T, a.H, a.D}, 9, 1.0f, DType::bf16, dev);
   ops::AttentionOptions opt;
   opt.causal = a.causal;
+  opt.q_offset = S - a.T;
   auto attend = [&](const std::vector<Tensor>& in) {
     return std::vector<Tensor>{a.fused ? ops::flash_attention(in[0], in[1], in[2], opt).first
                                        : ops::attention_reference(in[0], in[1], in[2], opt)};
@@ -292,7 +305,9 @@ Result bench_attention(const AttentionShape& a, Device dev, int reps) {
   }
   if (a.fused && dev.is_vulkan())
     r.kernel += " " + vk::flash_kernel_family(dev, ops::attention_params(q, k, v, opt), q.dtype());
-  double fwd = 4.0 * double(a.B * a.H) * double(a.T) * double(a.T) * double(a.D) / (a.causal ? 2 : 1);
+  // Causal halves the T x T square; the S - T keys before it are seen by every query.
+  const double pairs = double(a.T) * double(S - a.T) + double(a.T) * double(a.T) / (a.causal ? 2 : 1);
+  double fwd = 4.0 * double(a.B * a.H) * pairs * double(a.D);
   r.rate = (a.backward ? 3.5 * fwd : fwd) / (r.ms * 1e-3) / 1e12;
   return r;
 }
@@ -392,7 +407,7 @@ void add_bench_command(CLI::App& app, const std::string& device) {
   ops_cmd->add_flag("--json", o->json, "One JSON object per line");
   ops_cmd->add_option("--sizes", o->sizes, "auto | small | full (auto: small on CPU devices)");
   ops_cmd->add_option("--shapes", o->shapes, "Matmul shapes MxNxK[:dtype][:nt|:tn|:tt][:FORMAT][,...] (f16 and f32 unless a dtype is given; t: that operand transposed; FORMAT q8_0|q4_0|q4_k|q5_k|q6_k|nf4: B a quantized weight, x·Wᵀ (nt, default) or dY·W (nn), bf16 unless a dtype is given)");
-  ops_cmd->add_option("--attention-shapes", o->attention, "Attention shapes BxTxHxKVxD[,...] (batch, tokens, query heads, kv heads, head dim; bf16, causal unless :full)");
+  ops_cmd->add_option("--attention-shapes", o->attention, "Attention shapes BxTxHxKVxD[:full][:keys=S][,...] (batch, tokens, query heads, kv heads, head dim; bf16, causal unless :full; keys=S: S keys, the tokens being the last T, as in decoding; forward only)");
   ops_cmd->add_option("--ops", o->only, "Comma list of ops to run (matmul,attention,add,mul,silu,copy,cast,rms_norm,softmax,sum)");
   ops_cmd->add_option("--reps", o->reps, "Timed repetitions per op (median)")->check(CLI::Range(1, 1000));
   ops_cmd->add_option("--warmup", o->warmup_s, "Seconds of warm-up per op (default 1)")->check(CLI::Range(0.0, 60.0));

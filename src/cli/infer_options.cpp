@@ -46,7 +46,9 @@ models::Decoder load_base_model(const ModelArgs& a) {
   if (!is_float(weights) || !is_float(compute)) throw ConfigError("--dtype / --compute-dtype must be f32, f16 or bf16");
   spdlog::debug("loading {} on {} ({} weights, {} compute, quantize {})", a.model, dev.str(), dtype_name(weights),
                 dtype_name(compute), a.quantize);
-  return models::load_decoder(a.model, weights, compute, dev, quantize_option(a.quantize));
+  models::Decoder decoder = models::load_decoder(a.model, weights, compute, dev, quantize_option(a.quantize));
+  models::fuse_projections(decoder.weights());
+  return decoder;
 }
 
 Tokenizer load_model_tokenizer(const ModelArgs& a) {

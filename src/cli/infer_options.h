@@ -28,7 +28,8 @@ struct ModelArgs {
 void add_model_options(CLI::App& cmd, ModelArgs& args);
 // A --quantize value as a format (nullopt for none); ConfigError for anything else.
 std::optional<quant::Format> quantize_option(const std::string& name);
-// The decoder on the default device with no adapters attached.
+// The decoder on the default device with no adapters attached, its projections fused for inference
+// (models::fuse_projections).
 models::Decoder load_base_model(const ModelArgs& args);
 // The tokenizer of the model directory.
 Tokenizer load_model_tokenizer(const ModelArgs& args);

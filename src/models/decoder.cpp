@@ -20,6 +20,8 @@
 #include <algorithm>
 #include <cmath>
 #include <string>
+#include <tuple>
+#include <utility>
 
 #include "core/autodiff.h"
 #include "core/error.h"
@@ -336,6 +338,37 @@ Tensor Decoder::norm(const Tensor& x, const Tensor& weight) const {
   return ops::rms_norm(x, w, float(config_.rms_norm_eps));
 }
 
+namespace {
+
+// RoPE of a layer's queries and keys; yarn and longrope scale cos and sin by their attention factor (transformers'
+// attention_scaling). Where the keys' heads follow the queries' in one tensor (a fused q, k, v product in
+// inference), one rope over both.
+std::pair<Tensor, Tensor> rope_pair(const Tensor& q, const Tensor& k, const Tensor& positions,
+                                    const Tensor& inv_freq, float scale) {
+  const int64_t H = q.dim(2), KV = k.dim(2), D = q.dim(3);
+  bool adjacent = (!grad_enabled() || (!on_tape(q) && !on_tape(k))) && q.buffer() == k.buffer() &&
+                  q.strides()[3] == 1 && k.strides()[3] == 1 && q.strides()[2] == D && k.strides()[2] == D &&
+                  k.offset() == q.offset() + H * D;
+  for (int i = 0; i < 2; ++i)  // batch and time: the same steps (a dim of one element has no step to match)
+    adjacent = adjacent && q.dim(i) == k.dim(i) && (q.dim(i) == 1 || q.strides()[i] == k.strides()[i]);
+  if (!adjacent) {
+    return {ops::rope(q, positions, inv_freq, ops::RopeLayout::half_split, scale),
+            ops::rope(k, positions, inv_freq, ops::RopeLayout::half_split, scale)};
+  }
+  const Tensor both = q.view_as({q.dim(0), q.dim(1), H + KV, D}, q.strides(), q.offset());
+  const Tensor r = ops::rope(both, positions, inv_freq, ops::RopeLayout::half_split, scale);
+  return {ops::slice(r, 2, 0, H), ops::slice(r, 2, H, H + KV)};
+}
+
+}  // namespace
+
+void fuse_projections(DecoderWeights& weights) {
+  for (LayerWeights& l : weights.layers) {
+    l.attn.qkv = LinearGroup({&l.attn.q, &l.attn.k, &l.attn.v});
+    l.mlp.gate_up = LinearGroup({&l.mlp.gate, &l.mlp.up});  // stays undefined in expert layers (no dense MLP)
+  }
+}
+
 Tensor Decoder::layer_forward(int index, const Tensor& x, const Tensor& positions, const Tensor& inv_freq,
                               const ForwardOptions& options, Tensor* router_logits) const {
   const LayerWeights& w = weights_.layers[size_t(index)];
@@ -344,18 +377,16 @@ Tensor Decoder::layer_forward(int index, const Tensor& x, const Tensor& position
   const int64_t H = config_.num_attention_heads, KV = config_.num_key_value_heads, D = config_.head_dim;
 
   // ---- attention ----
-  Tensor h = norm(x, w.input_norm);
-  Tensor q = ops::reshape(w.attn.q(h, options.row_adapters), {B, T, H, D});
-  Tensor k = ops::reshape(w.attn.k(h, options.row_adapters), {B, T, KV, D});
-  Tensor v = ops::reshape(w.attn.v(h, options.row_adapters), {B, T, KV, D});
+  const Tensor h = norm(x, w.input_norm);
+  const std::vector<Tensor> qkv = w.attn.qkv({&w.attn.q, &w.attn.k, &w.attn.v}, h, options.row_adapters);
+  Tensor q = ops::reshape(qkv[0], {B, T, H, D});
+  Tensor k = ops::reshape(qkv[1], {B, T, KV, D});
+  Tensor v = ops::reshape(qkv[2], {B, T, KV, D});
   if (config_.qk_norm) {
     q = norm(q, w.attn.q_norm);
     k = norm(k, w.attn.k_norm);
   }
-  // yarn and longrope scale cos and sin by their attention factor (transformers' attention_scaling).
-  const float rope_scale = float(lc.rope.attention_factor);
-  q = ops::rope(q, positions, inv_freq, ops::RopeLayout::half_split, rope_scale);
-  k = ops::rope(k, positions, inv_freq, ops::RopeLayout::half_split, rope_scale);
+  std::tie(q, k) = rope_pair(q, k, positions, inv_freq, float(lc.rope.attention_factor));
 
   ops::AttentionOptions ao;
   ao.scale = config_.attn_scale;
@@ -392,8 +423,8 @@ Tensor Decoder::mlp_forward(const LayerWeights& w, const LayerConfig& lc, const 
     Tensor m = moe_mlp(w.moe, h, config_, act, router_logits, options.row_adapters);
     return ops::add(r, config_.sandwich_norms ? norm(m, w.post_mlp_norm) : m);
   }
-  Tensor gate = w.mlp.gate(h, options.row_adapters);
-  Tensor up = w.mlp.up(h, options.row_adapters);
+  const std::vector<Tensor> gate_up = w.mlp.gate_up({&w.mlp.gate, &w.mlp.up}, h, options.row_adapters);
+  const Tensor &gate = gate_up[0], &up = gate_up[1];
   // act(gate) * up in one fused kernel (its backward saves only gate and up).
   Tensor gated = paths_.fused_glu ? ops::gated_activation(gate, up, act)
                                   : ops::gated_activation_reference(gate, up, act);

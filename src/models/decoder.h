@@ -20,10 +20,12 @@ namespace lmtune::models {
 struct AttentionWeights {
   Linear q, k, v, o;
   Tensor q_norm, k_norm;  // [D], when config.qk_norm
+  LinearGroup qkv;        // q, k and v as one product (inference, fuse_projections), else undefined
 };
 
 struct MlpWeights {
   Linear gate, up, down;
+  LinearGroup gate_up;  // gate and up as one product (inference, fuse_projections), else undefined
 };
 
 // A mixture-of-experts MLP (models/moe.h), stored as transformers 5 does: the experts' gate and up projections
@@ -69,6 +71,11 @@ struct DecoderWeights {
   // Trainable tensors: the adapters' A and B (and anything else set to require grad).
   std::vector<Tensor> trainable();
 };
+
+// Inference: each layer's q, k, v and a dense MLP's gate and up become one product each (LinearGroup), so that
+// decoding runs one matrix-vector product for each group. For the commands that only run the model (generate,
+// chat, eval, score, bench generate), after loading; not for training (adapters there change in place).
+void fuse_projections(DecoderWeights& weights);
 
 // Per-layer key/value cache for incremental decoding. Each layer's keys and values live in a buffer
 // [B, capacity, KV, D] that grows in chunks of `chunk` tokens (amortised copies). With bound_sliding, a

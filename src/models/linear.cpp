@@ -10,6 +10,7 @@
 #include "core/ops.h"
 #include "core/ops/matmul_add.h"
 #include "core/ops/quant_matmul.h"
+#include "core/ops/view.h"
 
 namespace lmtune::models {
 
@@ -203,6 +204,101 @@ Tensor Linear::merged_weight() const {
   for (const LoraAdapter& a : adapters)
     w = ops::add(w, ops::scale(ops::matmul(ops::cast(a.B, DType::f32), ops::cast(a.A, DType::f32)), a.scale));
   return qweight.defined() ? w : ops::cast(w, weight.dtype());
+}
+
+LinearGroup::LinearGroup(const std::vector<Linear*>& parts) {
+  if (parts.size() < 2) return;
+  const Linear& first = *parts[0];
+  for (const Linear* p : parts)
+    if (p->qweight.defined() || !p->weight.defined() || p->weight.dtype() != first.weight.dtype() ||
+        p->weight.device() != first.weight.device() || p->in_features() != first.in_features() ||
+        p->bias.defined() != first.bias.defined() ||
+        (p->bias.defined() && p->bias.dtype() != first.bias.dtype()))
+      return;
+  NoGrad no_grad;
+  std::vector<Tensor> weights, biases;
+  for (const Linear* p : parts) {
+    weights.push_back(p->weight);
+    if (p->bias.defined()) biases.push_back(p->bias);
+    outs_.push_back(p->out_features());
+  }
+  weight_ = ops::concat(weights, 0);
+  if (!biases.empty()) bias_ = ops::concat(biases, 0);
+  int64_t row = 0;
+  for (Linear* p : parts) {
+    const int64_t n = p->out_features();
+    p->weight = ops::slice(weight_, 0, row, row + n);
+    if (p->bias.defined()) p->bias = ops::slice(bias_, 0, row, row + n);
+    row += n;
+  }
+}
+
+bool LinearGroup::fused_adapter(const std::vector<const Linear*>& parts, const LoraAdapter*& out) const {
+  std::vector<Tensor> sources;
+  const LoraAdapter* named = nullptr;
+  for (const Linear* p : parts) {
+    if (p->adapters.size() > 1) return false;
+    const LoraAdapter* a = p->adapters.empty() ? nullptr : &p->adapters[0];
+    if (a && (dropout_on(*a) || (named && a->name != named->name))) return false;
+    if (a) named = a;
+    sources.push_back(a ? a->A : Tensor());
+    sources.push_back(a ? a->B : Tensor());
+  }
+  out = nullptr;
+  if (!named) return true;
+  // The cache holds the sources it was made from, so a tensor it names cannot be freed and another take its place.
+  bool same = sources.size() == cache_.sources.size();
+  for (size_t i = 0; same && i < sources.size(); ++i) same = sources[i].impl() == cache_.sources[i].impl();
+  if (!same) {
+    NoGrad no_grad;
+    int64_t rank = 0, rows = 0;
+    std::vector<Tensor> as;
+    for (const Linear* p : parts)
+      if (!p->adapters.empty()) {
+        const LoraAdapter& a = p->adapters[0];
+        as.push_back(ops::scale(ops::cast(a.A, DType::f32), a.scale));
+        rank += a.A.dim(0);
+      }
+    LoraAdapter f;
+    f.name = named->name;
+    f.A = ops::concat(as, 0);
+    f.B = Tensor::zeros({weight_.dim(0), rank}, DType::f32, weight_.device());
+    int64_t col = 0;
+    for (size_t i = 0; i < parts.size(); ++i) {
+      if (!parts[i]->adapters.empty()) {
+        const LoraAdapter& a = parts[i]->adapters[0];
+        const int64_t r = a.A.dim(0);
+        copy_into(ops::slice(ops::slice(f.B, 0, rows, rows + outs_[i]), 1, col, col + r), a.B);
+        col += r;
+      }
+      rows += outs_[i];
+    }
+    cache_ = {std::move(sources), std::move(f)};
+  }
+  out = &cache_.fused;
+  return true;
+}
+
+std::vector<Tensor> LinearGroup::operator()(const std::vector<const Linear*>& parts, const Tensor& x,
+                                            const RowAdapters* rows) const {
+  // Rows given without groups: the base products alone (as Linear's); no rows: the parts' adapters.
+  const LoraAdapter* a = nullptr;
+  const bool applies = defined() && parts.size() == outs_.size() && x.numel() <= kRows * x.dim(-1) &&
+                       (!rows || rows->groups.empty()) && inference(x, weight_, nullptr) &&
+                       (rows || fused_adapter(parts, a)) && (!a || inference(x, weight_, a));
+  std::vector<Tensor> out;
+  if (!applies) {
+    for (const Linear* p : parts) out.push_back((*p)(x, rows));
+    return out;
+  }
+  Linear whole(weight_, bias_);
+  const Tensor y = a ? whole.fused(x, a, Tensor()) : whole(x);
+  int64_t col = 0;
+  for (int64_t n : outs_) {
+    out.push_back(ops::slice(y, -1, col, col + n));
+    col += n;
+  }
+  return out;
 }
 
 }  // namespace lmtune::models

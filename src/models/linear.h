@@ -76,6 +76,7 @@ class Linear {
   std::vector<LoraAdapter> adapters;
 
  private:
+  friend class LinearGroup;
   // x Wᵀ + b: the dense product, or the quantized one (ops::quantized_linear) where qweight is set.
   Tensor base(const Tensor& x) const;
   // x Wᵀ + b + s (x Aᵀ) Bᵀ (+ residual) of a dense weight with at most one adapter `a` (or none) when nothing is
@@ -83,6 +84,39 @@ class Linear {
   // the base product (ops::matmul_low_rank, ops::matmul_add; on Vulkan's decode gemv, two dispatches with an
   // adapter, one without), the adapter's f32 factors read as stored.
   Tensor fused(const Tensor& x, const LoraAdapter* a, const Tensor& residual) const;
+};
+
+// Several Linears over one input as one product, for inference (models::fuse_projections): q, k and v, or gate
+// and up. Decoding then runs one matrix-vector product where it ran one per part (each is a dispatch whose fixed
+// cost exceeds its work at small widths). The parts' weights and biases become row blocks of the group's (views:
+// nothing is held twice). Their adapters (at most one each, all of one name) are fused on first use into
+// A [ΣR, in] (each part's rows scaled by its scale) and a block-diagonal B [Σout, ΣR], kept while the parts hold
+// the same adapter tensors; their values must not change meanwhile (inference does not train).
+class LinearGroup {
+ public:
+  LinearGroup() = default;
+  // Fuses the parts' dense weights; stays undefined (the parts unchanged) when they cannot be: a quantized part,
+  // different dtypes, devices or input sizes, or a bias on some parts only.
+  explicit LinearGroup(const std::vector<Linear*>& parts);
+  bool defined() const { return weight_.defined(); }
+  // Each part's output [..., out_i] for x [..., in] (the parts this group was made from, in order): views of one
+  // product where the group applies (at most kRows rows, nothing recorded for autodiff, no per-row adapters, the
+  // parts' adapters fusable), else each part's own product.
+  std::vector<Tensor> operator()(const std::vector<const Linear*>& parts, const Tensor& x,
+                                 const RowAdapters* rows = nullptr) const;
+  static constexpr int64_t kRows = 4;
+
+ private:
+  // The parts' adapters as one into `out` (null when no part has one); false when they cannot be fused.
+  bool fused_adapter(const std::vector<const Linear*>& parts, const LoraAdapter*& out) const;
+
+  Tensor weight_, bias_;  // [Σout, in], [Σout] or undefined
+  std::vector<int64_t> outs_;
+  struct AdapterCache {
+    std::vector<Tensor> sources;  // each part's A and B (undefined: no adapter)
+    LoraAdapter fused;
+  };
+  mutable AdapterCache cache_;
 };
 
 }  // namespace lmtune::models

@@ -3,6 +3,10 @@
 // weight, gradients reach A and B only).
 #include <gtest/gtest.h>
 
+#include <functional>
+
+#include "backend/vulkan/context.h"
+#include "backend/vulkan/recorder.h"
 #include "core/autodiff.h"
 #include "core/error.h"
 #include "core/ops.h"
@@ -89,10 +93,87 @@ TEST_P(KvCacheDecode, AdaptedDecodeMatchesRecomputeAndTrainingPath) {
   }
 }
 
+// The dispatches `run` records on a Vulkan device with timestamps: all of them and the rope ones (none
+// elsewhere: not counted).
+std::pair<uint64_t, uint64_t> dispatches(Device d, const std::function<void()>& run) {
+  if (!d.is_vulkan() || !vk::context_for(d).features().timestamps) return {0, 0};
+  vk::context_for(d).synchronize();
+  vk::reset_profile();
+  vk::set_profiling(true);
+  run();
+  vk::context_for(d).synchronize();
+  vk::set_profiling(false);
+  uint64_t all = 0, rope = 0;
+  for (const auto& [name, st] : vk::profile_stats()) {
+    all += st.calls;
+    if (name.rfind("rope", 0) == 0) rope += st.calls;
+  }
+  return {all, rope};
+}
+
+// Greedy tokens and last-row logits of a cached decode: a prefill of 5 tokens, then `steps` calls of one token.
+std::pair<std::vector<int>, std::vector<std::vector<float>>> cached_decode(const Decoder& model, Device d,
+                                                                           int steps) {
+  NoGrad no_grad;
+  KvCache cache(model.config(), 1, DType::f32, d, /*chunk=*/4);
+  ForwardOptions opt;
+  opt.cache = &cache;
+  std::vector<int> tokens = {5, 17, 99, 3, 42};
+  std::vector<std::vector<float>> rows;
+  Tensor logits = model.forward(Tensor::from_ints(tokens, {1, 5}, d), default_positions(1, 5, d), opt);
+  for (int step = 0; step < steps; ++step) {
+    rows.push_back(last_row(logits));
+    tokens.push_back(argmax(rows.back()));
+    const int32_t at = int32_t(tokens.size() - 1);
+    logits = model.forward(Tensor::from_ints({tokens.back()}, {1, 1}, d), Tensor::from_ints({at}, {1, 1}, d), opt);
+  }
+  return {tokens, rows};
+}
+
+// fuse_projections (inference: q, k, v and gate, up as one product each, one rope over queries and keys) decodes
+// the tokens and logits of the separate products, with and without an adapter on some of the parts (k and up
+// without one: their rows of the fused factors are zero), and keeps each weight once (the parts become views).
+TEST_P(KvCacheDecode, FusedProjectionsDecodeAsSeparate) {
+  const auto& [arch, dev] = GetParam();
+  const Device d = parse_device(dev);
+  for (bool adapted : {false, true}) {
+    SCOPED_TRACE(adapted ? "adapter" : "base");
+    Decoder model = load_decoder(fixture_dir(arch), DType::f32, DType::f32, d);
+    if (adapted) {
+      uint64_t seed = 11;
+      for (LayerWeights& l : model.weights().layers)
+        for (Linear* lin : {&l.attn.q, &l.attn.v, &l.attn.o, &l.mlp.gate, &l.mlp.down}) {
+          if (!lin->weight.defined()) continue;
+          LoraAdapter& ad = lin->add_adapter(4, 0.5f, seed++);
+          ad.B = Tensor::randn(ad.B.shape(), seed++, 0.2f, DType::f32, d);
+        }
+    }
+    const auto [want_tokens, want_logits] = cached_decode(model, d, 6);
+    const auto separate = dispatches(d, [&] { cached_decode(model, d, 3); });
+    fuse_projections(model.weights());
+    // One product for q, k, v, one for gate and up, and (without q/k norms between) one rope: fewer dispatches
+    // per decoded token.
+    const auto fused = dispatches(d, [&] { cached_decode(model, d, 3); });
+    if (separate.first > 0) {
+      EXPECT_LT(fused.first, separate.first);
+      if (!model.config().qk_norm) {
+        EXPECT_LT(fused.second, separate.second);
+      }
+    }
+    const LayerWeights& l0 = model.weights().layers[0];
+    ASSERT_TRUE(l0.attn.qkv.defined());
+    EXPECT_EQ(l0.attn.q.weight.buffer(), l0.attn.v.weight.buffer());
+    EXPECT_EQ(l0.mlp.gate.weight.buffer(), l0.mlp.up.weight.buffer());
+    const auto [tokens, logits] = cached_decode(model, d, 6);
+    EXPECT_EQ(tokens, want_tokens);
+    for (size_t i = 0; i < logits.size(); ++i) EXPECT_LT(rel_err(logits[i], want_logits[i]), 1e-5) << "step " << i;
+  }
+}
+
 std::vector<std::tuple<std::string, std::string>> decode_cases() {
   std::vector<std::tuple<std::string, std::string>> out;
   for (const std::string& dev : test::test_devices())
-    for (const char* a : {"llama3", "mistral", "qwen2", "gemma2", "gemma3_text", "llama_yarn"})
+    for (const char* a : {"llama3", "mistral", "qwen2", "qwen3", "gemma2", "gemma3_text", "llama_yarn"})
       out.emplace_back(a, dev);
   return out;
 }

@@ -191,10 +191,10 @@ bool rows_of_8(const FlashPush& f, bool with_do) {
 // Flag 16 of the tensor-core kernels: outputs written 16 bytes at a time (output offsets and D multiples of 8).
 uint32_t vec_out_flag(const FlashPush& f) { return f.D % 8 == 0 && f.y_off % 8 == 0 && f.z_off % 8 == 0 ? 16u : 0u; }
 
-// Decoding's attention (flash_attention_decode.comp): at most 16 rows (T x G) per kv head, no packed documents,
-// rows of q, k, v in multiples of 8 elements. Its key splits: at least 32 keys each (a workgroup's loop over keys
+// Decoding's attention (flash_attention_decode.comp): at most 16 rows (T x G) per kv head, in blocks of 8; no
+// packed documents; rows of q, k, v in multiples of 8 elements. Its key splits: at least 32 keys each (a workgroup's loop over keys
 // is latency-bound), up to enough workgroups to fill a GPU.
-constexpr int64_t kDecodeRows = 16;
+constexpr int64_t kDecodeRows = 16, kDecodeBlockRows = 8;
 constexpr uint32_t kDecodeSplitKeys = 32;
 bool decode_takes(const FlashAttentionParams& p, const FlashPush& f) {
   return p.T * p.G() <= kDecodeRows && !p.docs && rows_of_8(f, false);
@@ -245,7 +245,7 @@ void FlashAttention::eval_vulkan(const std::vector<Tensor>& ins, std::vector<Ten
   }
   const bool decode = decode_takes(p, f);
   const uint32_t br = p.D <= 64 ? 32 : 16 * (p.D <= 128 ? 2 : 1), bc = p.D <= 64 ? 32 : p.D <= 128 ? 16 : 8;
-  const uint32_t blocks = decode ? 1 : ceil_div(uint64_t(p.T * p.G()), br);
+  const uint32_t blocks = ceil_div(uint64_t(p.T * p.G()), decode ? kDecodeBlockRows : br);
   check_grid(blocks, "query");
   if (decode) f.splits = decode_splits(p);
   else f.splits = p.D > 0 ? forward_splits(blocks * f.KV * batch, ceil_div(uint64_t(p.S), bc)) : 1;
