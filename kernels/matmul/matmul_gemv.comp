@@ -44,7 +44,13 @@ const uint FLAG_LOW_RANK = 1u, FLAG_ADDEND = 2u;
 
 layout(constant_id = 1) const uint COLS = 4u;    // columns per workgroup (without split-K)
 layout(constant_id = 2) const uint KSPLIT = 1u;  // 1, or the subgroups of a workgroup (4): they share one column
-const uint MAXR = 4u, UNROLL = 4u;  // MAXR: the most rows the host sends (matmul_plan.cpp's kGemvMaxRows)
+// MAXR: the most rows this variant takes (matmul_plan.cpp's kGemvMaxRows; the _r1 variant one). Sums of rows a
+// call cannot have still cost registers, and fewer registers per invocation leave room for more loads in flight
+// per SM (bench/RESULTS.md: a one-row probe of this kernel beat it on every decode shape of the H100).
+#ifndef GEMV_ROWS
+#define GEMV_ROWS 4
+#endif
+const uint MAXR = GEMV_ROWS, UNROLL = 4u;
 
 // Split-K: with few columns and a long K (a LoRA adapter's x Aᵀ: 16 columns of 4096 or 14336) one subgroup per
 // column would leave the GPU idle and walk K alone; there a workgroup takes one column, its subgroups take

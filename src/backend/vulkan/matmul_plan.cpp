@@ -256,7 +256,7 @@ std::optional<MatmulPlan> plan_matmul(Context& ctx, const Tensor& a, const Tenso
   if (!acc && (!lr || gemv_takes_low_rank(*lr, batch)) && kc.automatic_matmul() &&
       ctx.features().subgroup_arithmetic && gemv_takes(p, a, b, a_rs, a_cs, b_rs, b_cs, batch)) {
     p.route = MatmulRoute::gemv;
-    p.kernel = variant(ctx, "matmul_gemv");
+    p.kernel = variant(ctx, p.gemv_rows == 1 ? "matmul_gemv_r1" : "matmul_gemv");  // one row: fewer registers
     return p;
   }
   if (!acc && kc.automatic_matmul()) {
