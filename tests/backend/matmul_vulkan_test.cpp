@@ -19,6 +19,7 @@
 #include "backend/vulkan/matmul_plan.h"
 #include "backend/vulkan/recorder.h"
 #include "backend/vulkan/vulkan_backend.h"
+#include "common/dispatch_count.h"
 #include "core/autodiff.h"
 #include "core/error.h"
 #include "core/ops.h"
@@ -453,26 +454,8 @@ TEST_F(VulkanMatmul, GemvLowRankAddend) {
   EXPECT_LT(nmse(y.to_doubles(), ref), 1e-5);
 }
 
-// The dispatches `run` records on ctx's device: all of them and those whose kernel name starts with `prefix`, with
-// the profile report for failure messages.
-struct DispatchCount {
-  uint64_t matching = 0, all = 0;
-  std::string report;
-};
-DispatchCount count_dispatches(vk::Context& ctx, const std::string& prefix, const std::function<void()>& run) {
-  ctx.synchronize();
-  vk::reset_profile();
-  vk::set_profiling(true);
-  run();
-  DispatchCount c;
-  c.report = vk::profile_report();
-  vk::set_profiling(false);
-  for (const auto& [name, st] : vk::profile_stats()) {
-    c.all += st.calls;
-    if (name.rfind(prefix, 0) == 0) c.matching += st.calls;
-  }
-  return c;
-}
+using test::count_dispatches;
+using test::DispatchCount;
 
 // Decode's adapted product with the residual (Linear::fused): x Aᵀ, then one matmul_gemv that adds s (x Aᵀ) Bᵀ and
 // the residual to x Wᵀ as it writes: two dispatches, and the sums of the composed ops.

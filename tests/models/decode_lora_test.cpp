@@ -6,7 +6,7 @@
 #include <functional>
 
 #include "backend/vulkan/context.h"
-#include "backend/vulkan/recorder.h"
+#include "common/dispatch_count.h"
 #include "core/autodiff.h"
 #include "core/error.h"
 #include "core/ops.h"
@@ -93,24 +93,6 @@ TEST_P(KvCacheDecode, AdaptedDecodeMatchesRecomputeAndTrainingPath) {
   }
 }
 
-// The dispatches `run` records on a Vulkan device with timestamps: all of them and the rope ones (none
-// elsewhere: not counted).
-std::pair<uint64_t, uint64_t> dispatches(Device d, const std::function<void()>& run) {
-  if (!d.is_vulkan() || !vk::context_for(d).features().timestamps) return {0, 0};
-  vk::context_for(d).synchronize();
-  vk::reset_profile();
-  vk::set_profiling(true);
-  run();
-  vk::context_for(d).synchronize();
-  vk::set_profiling(false);
-  uint64_t all = 0, rope = 0;
-  for (const auto& [name, st] : vk::profile_stats()) {
-    all += st.calls;
-    if (name.rfind("rope", 0) == 0) rope += st.calls;
-  }
-  return {all, rope};
-}
-
 // Greedy tokens and last-row logits of a cached decode: a prefill of 5 tokens, then `steps` calls of one token.
 std::pair<std::vector<int>, std::vector<std::vector<float>>> cached_decode(const Decoder& model, Device d,
                                                                            int steps) {
@@ -149,15 +131,21 @@ TEST_P(KvCacheDecode, FusedProjectionsDecodeAsSeparate) {
         }
     }
     const auto [want_tokens, want_logits] = cached_decode(model, d, 6);
-    const auto separate = dispatches(d, [&] { cached_decode(model, d, 3); });
+    // Counted where the device has timestamps (none elsewhere).
+    const bool counted = d.is_vulkan() && vk::context_for(d).features().timestamps;
+    auto rope_dispatches = [&] {
+      return lmtune::test::count_dispatches(vk::context_for(d), "rope", [&] { cached_decode(model, d, 3); });
+    };
+    lmtune::test::DispatchCount separate;
+    if (counted) separate = rope_dispatches();
     fuse_projections(model.weights());
     // One product for q, k, v, one for gate and up, and (without q/k norms between) one rope: fewer dispatches
     // per decoded token.
-    const auto fused = dispatches(d, [&] { cached_decode(model, d, 3); });
-    if (separate.first > 0) {
-      EXPECT_LT(fused.first, separate.first);
+    if (counted) {
+      const lmtune::test::DispatchCount fused = rope_dispatches();
+      EXPECT_LT(fused.all, separate.all) << fused.report;
       if (!model.config().qk_norm) {
-        EXPECT_LT(fused.second, separate.second);
+        EXPECT_LT(fused.matching, separate.matching) << fused.report;
       }
     }
     const LayerWeights& l0 = model.weights().layers[0];

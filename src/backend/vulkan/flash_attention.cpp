@@ -192,8 +192,8 @@ bool rows_of_8(const FlashPush& f, bool with_do) {
 uint32_t vec_out_flag(const FlashPush& f) { return f.D % 8 == 0 && f.y_off % 8 == 0 && f.z_off % 8 == 0 ? 16u : 0u; }
 
 // Decoding's attention (flash_attention_decode.comp): at most 16 rows (T x G) per kv head, in blocks of 8; no
-// packed documents; rows of q, k, v in multiples of 8 elements. Its key splits: at least 32 keys each (a workgroup's loop over keys
-// is latency-bound), up to enough workgroups to fill a GPU.
+// packed documents; rows of q, k, v in multiples of 8 elements. Its key splits: at least 32 keys each (a
+// workgroup's loop over keys is latency-bound), up to enough workgroups to fill a GPU.
 constexpr int64_t kDecodeRows = 16, kDecodeBlockRows = 8;
 constexpr uint32_t kDecodeSplitKeys = 32;
 bool decode_takes(const FlashAttentionParams& p, const FlashPush& f) {
