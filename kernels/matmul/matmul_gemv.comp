@@ -9,10 +9,14 @@
 // With a low-rank addend (FLAG_LOW_RANK: C = A Wᵀ + lr_alpha U Vᵀ, U [rows, R], V [N, R], a LoRA adapter's
 // s x Aᵀ and B) each subgroup adds its column's R terms to its sums before the subgroupAdd: the adapter costs R
 // more loads per column, not a product and an add pass of its own. With FLAG_ADDEND, E [rows, N] (row stride 0:
-// a bias row) is added to the sums as they are written (a bias, or the decoder's residual stream).
+// a bias row) is added to the sums as they are written (a bias, or the decoder's residual stream). With FLAG_GATED
+// (the decoder's gate and up projections as one weight [2F, K], C [rows, F]) a subgroup takes weight rows n and
+// n + F and writes act(gate) * up, gate and up rounded to C's type first, as the product and the gated activation
+// (elementwise/gated_activation.comp) would compute them one after the other.
 #extension GL_KHR_shader_subgroup_basic : require
 #extension GL_KHR_shader_subgroup_arithmetic : require
 #include "common/common.glsl"
+#include "elementwise/unary_ops.glsl"
 
 layout(local_size_x_id = 0) in;
 
@@ -38,9 +42,10 @@ layout(push_constant) uniform GemvParams {
   uint v_off, v_rs;  // V's element offset and row stride (unit stride along R)
   float lr_alpha;
   uint e_off, e_rs;  // E's element offset and row stride (0: one row for all)
+  uint act;          // FLAG_GATED: the gate's activation (UnaryOp code: 8 silu, 9 gelu_tanh, 10 gelu_erf)
 } p;
 
-const uint FLAG_LOW_RANK = 1u, FLAG_ADDEND = 2u;
+const uint FLAG_LOW_RANK = 1u, FLAG_ADDEND = 2u, FLAG_GATED = 4u;
 
 layout(constant_id = 1) const uint COLS = 4u;    // columns per workgroup (without split-K)
 layout(constant_id = 2) const uint KSPLIT = 1u;  // 1, or the subgroups of a workgroup (4): they share one column
@@ -57,78 +62,98 @@ const uint MAXR = GEMV_ROWS, UNROLL = 4u;
 // interleaved stretches of K, and their sums meet in shared memory.
 shared float partial[KSPLIT][MAXR];
 
+// Column wn's sums of every row, the low-rank terms and alpha included, met over the subgroup (with split-K over
+// the workgroup: then valid in subgroup 0).
+void column_sums(uint wn, uint sub, uint nr, out float acc[MAXR]) {
+  const uint lane = gl_SubgroupInvocationID;
+  const uint step = gl_SubgroupSize * 8u * KSPLIT;  // K between one invocation's consecutive loads
+  const uint adt = p.dtypes & 15u, wdt = (p.dtypes >> 4) & 15u;
+  float low[MAXR];
+  [[unroll]] for (uint r = 0u; r < MAXR; ++r) acc[r] = low[r] = 0.0;
+  // The low-rank terms' first loads go out before the weight row streams and are used after it (R <= the
+  // subgroup's width: no other load).
+  const bool lr = (p.flags & FLAG_LOW_RANK) != 0u;
+  const uint udt = (p.dtypes >> 12) & 15u, vdt = (p.dtypes >> 16) & 15u;
+  const uint j0 = sub * gl_SubgroupSize + lane, jstep = gl_SubgroupSize * KSPLIT;
+  float v0 = 0.0, u0[MAXR];
+  [[unroll]] for (uint r = 0u; r < MAXR; ++r) u0[r] = 0.0;
+  if (lr && j0 < p.R) {
+    v0 = V_ld(vdt, p.v_off + wn * p.v_rs + j0);
+    [[unroll]] for (uint r = 0u; r < MAXR; ++r) {
+      if (r >= nr) break;
+      u0[r] = U_ld(udt, p.u_off + r * p.u_rs + j0);
+    }
+  }
+  const uint wrow = p.w_off + wn * p.w_rs, arow = p.a_off;
+  for (uint k0 = (sub * gl_SubgroupSize + lane) * 8u; k0 < p.K; k0 += step * UNROLL) {
+    vec4 lo[UNROLL], hi[UNROLL];
+    [[unroll]] for (uint u = 0u; u < UNROLL; ++u) {  // the loads first: UNROLL x 16 bytes in flight
+      lo[u] = vec4(0.0);
+      hi[u] = vec4(0.0);
+      if (k0 + u * step < p.K) W_ld8(wdt, wrow + k0 + u * step, lo[u], hi[u]);
+    }
+    [[unroll]] for (uint u = 0u; u < UNROLL; ++u) {
+      const uint k = k0 + u * step;
+      if (k >= p.K) break;
+      [[unroll]] for (uint r = 0u; r < MAXR; ++r) {
+        if (r >= nr) break;
+        vec4 alo, ahi;
+        A_ld8(adt, arow + r * p.a_rs + k, alo, ahi);
+        acc[r] += dot(alo, lo[u]) + dot(ahi, hi[u]);
+      }
+    }
+  }
+  if (lr) {
+    [[unroll]] for (uint r = 0u; r < MAXR; ++r) low[r] = u0[r] * v0;
+    for (uint j = j0 + jstep; j < p.R; j += jstep) {
+      const float vj = V_ld(vdt, p.v_off + wn * p.v_rs + j);
+      [[unroll]] for (uint r = 0u; r < MAXR; ++r) {
+        if (r >= nr) break;
+        low[r] += U_ld(udt, p.u_off + r * p.u_rs + j) * vj;
+      }
+    }
+  }
+  [[unroll]] for (uint r = 0u; r < MAXR; ++r) acc[r] = p.alpha * acc[r] + p.lr_alpha * low[r];
+  [[unroll]] for (uint r = 0u; r < MAXR; ++r) acc[r] = subgroupAdd(acc[r]);
+  if (KSPLIT > 1u) {  // wn is the same for the whole workgroup here: the barriers are in uniform control flow
+    barrier();        // an earlier call's reads of `partial` are done
+    if (lane == 0u) {
+      [[unroll]] for (uint r = 0u; r < MAXR; ++r) partial[sub][r] = acc[r];
+    }
+    barrier();
+    [[unroll]] for (uint r = 0u; r < MAXR; ++r) {
+      acc[r] = 0.0;
+      [[unroll]] for (uint i = 0u; i < KSPLIT; ++i) acc[r] += partial[i][r];
+    }
+  }
+}
+
+// A sum as the separate product would have stored it (the gated activation reads the rounded gate and up).
+float rounded(uint dt, float v) { return decode(dt, encode(dt, v)); }
+
 void main() {
   const uint lane = gl_SubgroupInvocationID, nr = min(MAXR, p.rows);
   const uint sub = KSPLIT > 1u ? gl_SubgroupID : 0u;  // this subgroup's share of K
-  const uint step = gl_SubgroupSize * 8u * KSPLIT;    // K between one invocation's consecutive loads
-  const uint adt = p.dtypes & 15u, wdt = (p.dtypes >> 4) & 15u, cdt = (p.dtypes >> 8) & 15u;
+  const uint cdt = (p.dtypes >> 8) & 15u, edt = (p.dtypes >> 20) & 15u;
+  const bool gated = (p.flags & FLAG_GATED) != 0u, addend = (p.flags & FLAG_ADDEND) != 0u;
+  const uint nout = gated ? p.N / 2u : p.N;  // C's columns
   const uint cols = KSPLIT > 1u ? 1u : COLS;
-  const uint n_end = min(p.N, (gl_WorkGroupID.x + 1u) * cols);
+  const uint n_end = min(nout, (gl_WorkGroupID.x + 1u) * cols);
   const uint n_first = gl_WorkGroupID.x * cols + (KSPLIT > 1u ? 0u : gl_SubgroupID);
   for (uint n = n_first; n < n_end; n += KSPLIT > 1u ? 1u : gl_NumSubgroups) {
-    float acc[MAXR], low[MAXR];
-    [[unroll]] for (uint r = 0u; r < MAXR; ++r) acc[r] = low[r] = 0.0;
-    // The low-rank terms' first loads go out before the weight row streams and are used after it (R <= the
-    // subgroup's width: no other load).
-    const bool lr = (p.flags & FLAG_LOW_RANK) != 0u;
-    const uint udt = (p.dtypes >> 12) & 15u, vdt = (p.dtypes >> 16) & 15u;
-    const uint j0 = sub * gl_SubgroupSize + lane, jstep = gl_SubgroupSize * KSPLIT;
-    float v0 = 0.0, u0[MAXR];
-    [[unroll]] for (uint r = 0u; r < MAXR; ++r) u0[r] = 0.0;
-    if (lr && j0 < p.R) {
-      v0 = V_ld(vdt, p.v_off + n * p.v_rs + j0);
-      [[unroll]] for (uint r = 0u; r < MAXR; ++r) {
-        if (r >= nr) break;
-        u0[r] = U_ld(udt, p.u_off + r * p.u_rs + j0);
-      }
-    }
-    const uint wrow = p.w_off + n * p.w_rs, arow = p.a_off;
-    for (uint k0 = (sub * gl_SubgroupSize + lane) * 8u; k0 < p.K; k0 += step * UNROLL) {
-      vec4 lo[UNROLL], hi[UNROLL];
-      [[unroll]] for (uint u = 0u; u < UNROLL; ++u) {  // the loads first: UNROLL x 16 bytes in flight
-        lo[u] = vec4(0.0);
-        hi[u] = vec4(0.0);
-        if (k0 + u * step < p.K) W_ld8(wdt, wrow + k0 + u * step, lo[u], hi[u]);
-      }
-      [[unroll]] for (uint u = 0u; u < UNROLL; ++u) {
-        const uint k = k0 + u * step;
-        if (k >= p.K) break;
-        [[unroll]] for (uint r = 0u; r < MAXR; ++r) {
-          if (r >= nr) break;
-          vec4 alo, ahi;
-          A_ld8(adt, arow + r * p.a_rs + k, alo, ahi);
-          acc[r] += dot(alo, lo[u]) + dot(ahi, hi[u]);
-        }
-      }
-    }
-    if (lr) {
-      [[unroll]] for (uint r = 0u; r < MAXR; ++r) low[r] = u0[r] * v0;
-      for (uint j = j0 + jstep; j < p.R; j += jstep) {
-        const float vj = V_ld(vdt, p.v_off + n * p.v_rs + j);
-        [[unroll]] for (uint r = 0u; r < MAXR; ++r) {
-          if (r >= nr) break;
-          low[r] += U_ld(udt, p.u_off + r * p.u_rs + j) * vj;
-        }
-      }
-    }
-    [[unroll]] for (uint r = 0u; r < MAXR; ++r) acc[r] = p.alpha * acc[r] + p.lr_alpha * low[r];
-    [[unroll]] for (uint r = 0u; r < MAXR; ++r) acc[r] = subgroupAdd(acc[r]);
-    if (KSPLIT > 1u) {  // n is the same for the whole workgroup here: the barrier is in uniform control flow
-      if (lane == 0u) {
-        [[unroll]] for (uint r = 0u; r < MAXR; ++r) partial[sub][r] = acc[r];
-      }
-      barrier();
-      [[unroll]] for (uint r = 0u; r < MAXR; ++r) {
-        acc[r] = 0.0;
-        [[unroll]] for (uint i = 0u; i < KSPLIT; ++i) acc[r] += partial[i][r];
-      }
-      if (sub != 0u) continue;
-    }
+    float acc[MAXR], up[MAXR];
+    column_sums(n, sub, nr, acc);
+    if (gated) column_sums(n + nout, sub, nr, up);
+    if (KSPLIT > 1u && sub != 0u) continue;
     [[unroll]] for (uint r = 0u; r < MAXR; ++r) {
       if (r >= nr) break;
       float sum = acc[r];
-      if ((p.flags & FLAG_ADDEND) != 0u) sum += E_ld((p.dtypes >> 20) & 15u, p.e_off + r * p.e_rs + n);
-      if (lane == 0u) C_st(cdt, p.c_off + r * p.N + n, sum);
+      if (addend) sum += E_ld(edt, p.e_off + r * p.e_rs + n);
+      if (gated) {
+        const float u = up[r] + (addend ? E_ld(edt, p.e_off + r * p.e_rs + n + nout) : 0.0);
+        sum = unary_op(p.act, rounded(cdt, sum), 0.0) * rounded(cdt, u);
+      }
+      if (lane == 0u) C_st(cdt, p.c_off + r * nout + n, sum);
     }
   }
 }

@@ -423,11 +423,15 @@ Tensor Decoder::mlp_forward(const LayerWeights& w, const LayerConfig& lc, const 
     Tensor m = moe_mlp(w.moe, h, config_, act, router_logits, options.row_adapters);
     return ops::add(r, config_.sandwich_norms ? norm(m, w.post_mlp_norm) : m);
   }
-  const std::vector<Tensor> gate_up = w.mlp.gate_up({&w.mlp.gate, &w.mlp.up}, h, options.row_adapters);
-  const Tensor &gate = gate_up[0], &up = gate_up[1];
-  // act(gate) * up in one fused kernel (its backward saves only gate and up).
-  Tensor gated = paths_.fused_glu ? ops::gated_activation(gate, up, act)
-                                  : ops::gated_activation_reference(gate, up, act);
+  // act(gate) * up: in the one product of gate and up where their group takes it (decoding), else in one fused
+  // kernel after the products (its backward saves only gate and up).
+  Tensor gated;
+  if (paths_.fused_glu) gated = w.mlp.gate_up.gated(w.mlp.gate, w.mlp.up, h, act, options.row_adapters);
+  if (!gated.defined()) {
+    const std::vector<Tensor> gate_up = w.mlp.gate_up({&w.mlp.gate, &w.mlp.up}, h, options.row_adapters);
+    const Tensor &gate = gate_up[0], &up = gate_up[1];
+    gated = paths_.fused_glu ? ops::gated_activation(gate, up, act) : ops::gated_activation_reference(gate, up, act);
+  }
   if (config_.sandwich_norms) return ops::add(r, norm(w.mlp.down(gated, options.row_adapters), w.post_mlp_norm));
   return w.mlp.down.add_to(r, gated, options.row_adapters);
 }

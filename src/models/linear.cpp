@@ -9,6 +9,7 @@
 #include "core/error.h"
 #include "core/ops.h"
 #include "core/ops/matmul_add.h"
+#include "core/ops/matmul_gated.h"
 #include "core/ops/quant_matmul.h"
 #include "core/ops/view.h"
 
@@ -279,15 +280,20 @@ bool LinearGroup::fused_adapter(const std::vector<const Linear*>& parts, const L
   return true;
 }
 
+bool LinearGroup::applies(const std::vector<const Linear*>& parts, const Tensor& x, const RowAdapters* rows,
+                          const LoraAdapter*& a) const {
+  // Rows given without groups: the base products alone (as Linear's); no rows: the parts' adapters.
+  a = nullptr;
+  return defined() && parts.size() == outs_.size() && x.numel() <= kRows * x.dim(-1) &&
+         (!rows || rows->groups.empty()) && inference(x, weight_, nullptr) && (rows || fused_adapter(parts, a)) &&
+         (!a || inference(x, weight_, a));
+}
+
 std::vector<Tensor> LinearGroup::operator()(const std::vector<const Linear*>& parts, const Tensor& x,
                                             const RowAdapters* rows) const {
-  // Rows given without groups: the base products alone (as Linear's); no rows: the parts' adapters.
   const LoraAdapter* a = nullptr;
-  const bool applies = defined() && parts.size() == outs_.size() && x.numel() <= kRows * x.dim(-1) &&
-                       (!rows || rows->groups.empty()) && inference(x, weight_, nullptr) &&
-                       (rows || fused_adapter(parts, a)) && (!a || inference(x, weight_, a));
   std::vector<Tensor> out;
-  if (!applies) {
+  if (!applies(parts, x, rows, a)) {
     for (const Linear* p : parts) out.push_back((*p)(x, rows));
     return out;
   }
@@ -299,6 +305,19 @@ std::vector<Tensor> LinearGroup::operator()(const std::vector<const Linear*>& pa
     col += n;
   }
   return out;
+}
+
+Tensor LinearGroup::gated(const Linear& gate, const Linear& up, const Tensor& x, ops::GateActivation act,
+                          const RowAdapters* rows) const {
+  const LoraAdapter* a = nullptr;
+  if (outs_.size() != 2 || outs_[0] != outs_[1] || !applies({&gate, &up}, x, rows, a)) return Tensor();
+  // The operands Linear::fused gives the product (the adapter's x Aᵀ read as stored, scale folded in).
+  const Tensor x2 = rows_of(x), down = a ? lora_down(*a, x2) : Tensor();
+  const Tensor y = ops::matmul_gated(x2, ops::transpose(weight_), bias_, down, a ? ops::transpose(a->B) : Tensor(),
+                                     1.0f, act, x.dtype());
+  Shape out = x.shape();
+  out.back() = outs_[0];
+  return ops::reshape(y, out);
 }
 
 }  // namespace lmtune::models

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "core/ops.h"
 #include "core/quant.h"
 #include "core/tensor.h"
 
@@ -104,9 +105,17 @@ class LinearGroup {
   // parts' adapters fusable), else each part's own product.
   std::vector<Tensor> operator()(const std::vector<const Linear*>& parts, const Tensor& x,
                                  const RowAdapters* rows = nullptr) const;
+  // act(gate) * up of a group made of (gate, up), in that order, where it applies: one product with the
+  // activation in its epilogue (ops::matmul_gated: one dispatch in decoding); undefined elsewhere (the caller
+  // takes the parts' products).
+  Tensor gated(const Linear& gate, const Linear& up, const Tensor& x, ops::GateActivation act,
+               const RowAdapters* rows = nullptr) const;
   static constexpr int64_t kRows = 4;
 
  private:
+  // Whether one product of the group's weight stands for the parts' on x (setting `a` to their fused adapter).
+  bool applies(const std::vector<const Linear*>& parts, const Tensor& x, const RowAdapters* rows,
+               const LoraAdapter*& a) const;
   // The parts' adapters as one into `out` (null when no part has one); false when they cannot be fused.
   bool fused_adapter(const std::vector<const Linear*>& parts, const LoraAdapter*& out) const;
 

@@ -6,6 +6,7 @@
 #include "core/ops/gather_rows.h"
 #include "core/ops/grouped_matmul.h"
 #include "core/ops/matmul_add.h"
+#include "core/ops/matmul_gated.h"
 
 namespace lmtune::test {
 namespace {
@@ -221,6 +222,42 @@ TEST(OpGrads, MatmulAdd) {
       [](const V& in) { return V{ops::matmul_add(in[0], in[1], in[2], in[3], in[4], 1.5f, DType::f32)}; }, ref_fn,
       {f32_input({2, 5}, 43), f32_input({5, 6}, 44), f32_input({2, 6}, 45), f32_input({2, 3}, 46),
        f32_input({3, 6}, 47, Layout::transposed)});
+}
+
+// act(y[:, :F]) * y[:, F:] of y = a b + bias + α u v (silu), and of the bare product (gelu_tanh).
+TEST(OpGrads, MatmulGated) {
+  const int64_t F = 3;
+  auto ref_fn = [](double (*act)(double), double alpha) {
+    return [act, alpha](const RA& in) {
+      A y = ref::matmul(in[0], in[1]);
+      if (in.size() > 2) y = ref::binary(y, in[2], std::plus<double>());
+      if (in.size() > 3)
+        y = ref::binary(y, ref::matmul(in[3], in[4]), [alpha](double p, double q) { return p + alpha * q; });
+      const int64_t M = y.shape[0];
+      A out({M, F}, std::vector<double>(size_t(M * F)));
+      for (int64_t m = 0; m < M; ++m)
+        for (int64_t f = 0; f < F; ++f)
+          out.v[size_t(m * F + f)] = act(y.v[size_t(m * 2 * F + f)]) * y.v[size_t(m * 2 * F + F + f)];
+      return RA{out};
+    };
+  };
+  double (*silu)(double) = [](double x) { return x / (1 + std::exp(-x)); };
+  double (*gelu)(double) = [](double x) {
+    return 0.5 * x * (1 + std::tanh(std::sqrt(2 / M_PI) * (x + 0.044715 * x * x * x)));
+  };
+  check_gradients(
+      [](const V& in) {
+        return V{ops::matmul_gated(in[0], in[1], in[2], in[3], in[4], 1.5f, ops::GateActivation::silu, DType::f32)};
+      },
+      ref_fn(silu, 1.5),
+      {f32_input({2, 5}, 70), f32_input({5, 2 * F}, 71, Layout::transposed), f32_input({2 * F}, 72),
+       f32_input({2, 3}, 73), f32_input({3, 2 * F}, 74, Layout::transposed)});
+  check_gradients(
+      [](const V& in) {
+        return V{ops::matmul_gated(in[0], in[1], Tensor(), Tensor(), Tensor(), 1.0f, ops::GateActivation::gelu_tanh,
+                                   DType::f32)};
+      },
+      ref_fn(gelu, 1.0), {f32_input({3, 4}, 75, Layout::transposed), f32_input({4, 2 * F}, 76)});
 }
 
 // Dropout against x times its mask (read off the op applied to ones), which is what it must be linear in.

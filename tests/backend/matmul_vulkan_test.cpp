@@ -26,6 +26,7 @@
 #include "core/ops/matmul.h"
 #include "core/ops/grouped_matmul.h"
 #include "core/ops/matmul_add.h"
+#include "core/ops/matmul_gated.h"
 #include "core/primitive.h"
 
 namespace lmtune {
@@ -480,6 +481,32 @@ TEST_F(VulkanMatmul, GemvEpilogueDispatches) {
   const std::vector<double> lr = reference(down, ops::transpose(b), {}, M, N, R), r = res.to_doubles();
   for (size_t i = 0; i < ref.size(); ++i) ref[i] += lr[i] + r[i];
   EXPECT_LT(nmse(y.to_doubles(), ref), threshold(DType::bf16, false));
+}
+
+// Decode's gate and up with their activation (LinearGroup::gated): one matmul_gemv writes act(gate) * up, and an
+// adapter adds its x Aᵀ dispatch only; no gated_activation pass. The values are checked in OpTest.MatmulGated.
+TEST_F(VulkanMatmul, GemvGatedDispatches) {
+  vk::Context& ctx = vk::context_for(dev_);
+  if (!ctx.features().subgroup_arithmetic) GTEST_SKIP() << "no subgroup arithmetic";
+  if (!ctx.features().timestamps) GTEST_SKIP() << "no timestamps to count dispatches by";
+  choice().matmul = vk::MatmulKernel::automatic;
+  const int64_t K = 136, F = 104, R = 8;
+  Tensor x = Tensor::randn({1, K}, 51, 1.0f, DType::bf16, dev_);
+  Tensor w = Tensor::randn({2 * F, K}, 52, 1.0f, DType::bf16, dev_);
+  Tensor a = Tensor::randn({R, K}, 53, 0.1f, DType::f32, dev_);
+  Tensor b = Tensor::randn({2 * F, R}, 54, 0.1f, DType::f32, dev_);
+  for (bool adapter : {false, true}) {
+    SCOPED_TRACE(adapter ? "adapter" : "base");
+    Tensor y;
+    const DispatchCount c = count_dispatches(ctx, "matmul_gemv", [&] {
+      const Tensor down = adapter ? ops::matmul(x, ops::transpose(a), DType::f32, 0.5f) : Tensor();
+      y = ops::matmul_gated(x, ops::transpose(w), Tensor(), down, adapter ? ops::transpose(b) : Tensor(), 1.0f,
+                            ops::GateActivation::silu, DType::bf16);
+    });
+    EXPECT_EQ(c.matching, adapter ? 2u : 1u) << c.report;
+    EXPECT_EQ(c.all, c.matching) << c.report;
+    EXPECT_EQ(y.shape(), (Shape{1, F}));
+  }
 }
 
 // The experts' products of a mixture-of-experts layer (ops::grouped_matmul) on a device with cooperative matrices 2:

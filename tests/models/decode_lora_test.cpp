@@ -133,19 +133,25 @@ TEST_P(KvCacheDecode, FusedProjectionsDecodeAsSeparate) {
     const auto [want_tokens, want_logits] = cached_decode(model, d, 6);
     // Counted where the device has timestamps (none elsewhere).
     const bool counted = d.is_vulkan() && vk::context_for(d).features().timestamps;
-    auto rope_dispatches = [&] {
-      return lmtune::test::count_dispatches(vk::context_for(d), "rope", [&] { cached_decode(model, d, 3); });
+    auto dispatches = [&](const char* kernel) {
+      return lmtune::test::count_dispatches(vk::context_for(d), kernel, [&] { cached_decode(model, d, 3); });
     };
-    lmtune::test::DispatchCount separate;
-    if (counted) separate = rope_dispatches();
-    fuse_projections(model.weights());
-    // One product for q, k, v, one for gate and up, and (without q/k norms between) one rope: fewer dispatches
-    // per decoded token.
+    lmtune::test::DispatchCount separate, separate_glu;
     if (counted) {
-      const lmtune::test::DispatchCount fused = rope_dispatches();
+      separate = dispatches("rope");
+      separate_glu = dispatches("gated_activation");
+    }
+    fuse_projections(model.weights());
+    // One product for q, k, v, one for gate and up with the activation in its epilogue (where the gemv takes it),
+    // and (without q/k norms between) one rope: fewer dispatches per decoded token.
+    if (counted) {
+      const lmtune::test::DispatchCount fused = dispatches("rope"), fused_glu = dispatches("gated_activation");
       EXPECT_LT(fused.all, separate.all) << fused.report;
       if (!model.config().qk_norm) {
         EXPECT_LT(fused.matching, separate.matching) << fused.report;
+      }
+      if (vk::context_for(d).features().subgroup_arithmetic) {
+        EXPECT_LT(fused_glu.matching, separate_glu.matching) << fused_glu.report;
       }
     }
     const LayerWeights& l0 = model.weights().layers[0];

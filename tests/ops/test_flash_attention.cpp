@@ -143,8 +143,10 @@ TEST_P(OpTest, FlashAttentionMatchesReference) {
       {"d256", 1, 9, 9, 2, 1, 256, true, 0, 30.0f},
       {"sharp_growing_logits", 1, 70, 70, 2, 1, 64, true, 0, 0, 0, false, 0, false, 3.0f},
       // Vulkan's decode kernel (at most 16 rows per kv head): 16 heads on one kv head, head dims 80 and 256,
-      // soft-capping, padding and a window, a key range of several 128-key tiles per split.
+      // soft-capping, padding and a window; with 64 (batch, kv head) pairs 4 splits of 150 keys: two 128-key
+      // tiles per split.
       {"decode_g16_d80", 2, 1, 150, 16, 1, 80, true, 0, 0, 149, false, 4, true},
+      {"decode_many_kv_heads_tiles", 2, 1, 600, 32, 32, 64, true, 0, 0, 599, false, 9},
       {"decode_d256_softcap_window", 1, 1, 700, 8, 2, 256, true, 200, 30.0f, 699},
       {"decode_two_tokens_sharp", 1, 2, 1000, 4, 2, 64, true, 0, 0, 998, false, 0, false, 3.0f},
   });

@@ -6,6 +6,9 @@
 #include "core/autodiff.h"
 #include "core/backend.h"
 #include "core/error.h"
+#include "core/ops/matmul.h"
+#include "core/ops/matmul_add.h"
+#include "core/ops/matmul_gated.h"
 #include "ops/op_test_util.h"
 
 namespace lmtune::test {
@@ -78,6 +81,105 @@ TEST_P(OpTest, GatedActivationGradientsMatchComposition) {
       Tensor tg = make_input(s, dt, dev(), 44), tu = make_input(s, dt, dev(), 45, Layout::strided);
       auto [yf2, tf] = lmtune::jvp(fused, {gate, up}, {tg, tu});
       auto [yc2, tc] = lmtune::jvp(composed, {gate, up}, {tg, tu});
+      EXPECT_TRUE(close(tf[0], ref::of(tc[0]), dt)) << "jvp";
+    }
+}
+
+// The decoder's gate and up as one product with the activation in its epilogue (ops::matmul_gated), against a
+// double reference and against the product followed by ops::gated_activation on the same device, which it must
+// equal bit for bit: decode shapes (at most 4 rows, K a multiple of 8: Vulkan's gemv takes them, the activation
+// in its epilogue), with a bias and a low-rank term (f32 factors beside 16-bit operands, as LinearGroup::gated
+// passes them), gate and up widths under and over a workgroup's columns, and shapes the composition takes.
+struct GatedProductCase {
+  int64_t M, K, F, R;
+  DType dt;
+  bool bias;
+};
+
+struct GatedProduct {
+  Tensor a, b, bias, u, v;
+};
+
+GatedProduct gated_product_inputs(const GatedProductCase& c, const Device& d) {
+  GatedProduct g;
+  g.a = make_input({c.M, c.K}, c.dt, d, 51);
+  g.b = make_input({c.K, 2 * c.F}, c.dt, d, 52, Layout::transposed, 0.0f, 0.3f);
+  if (c.bias) g.bias = make_input({2 * c.F}, c.dt, d, 53);
+  if (c.R > 0) {
+    g.u = make_input({c.M, c.R}, DType::f32, d, 54);
+    g.v = make_input({c.R, 2 * c.F}, DType::f32, d, 55, Layout::transposed);
+  }
+  return g;
+}
+
+TEST_P(OpTest, MatmulGated) {
+  const std::vector<GatedProductCase> cases{
+      {1, 64, 37, 0, DType::bf16, false}, {3, 104, 45, 16, DType::f32, true}, {4, 96, 130, 8, DType::bf16, false},
+      {2, 40, 300, 0, DType::f16, true},  {1, 272, 20, 16, DType::bf16, true}, {5, 13, 9, 3, DType::f32, false},
+      {19, 64, 40, 4, DType::bf16, true}};
+  for (const auto& gc : gate_cases())
+    for (const auto& c : cases) {
+      LMTUNE_CASE(gc.name << " " << c.M << "x" << c.K << "x2*" << c.F << " R " << c.R << " " << dtype_name(c.dt)
+                          << (c.bias ? " bias" : ""));
+      const GatedProduct g = gated_product_inputs(c, dev());
+      const Tensor y = ops::matmul_gated(g.a, g.b, g.bias, g.u, g.v, 0.6f, gc.act, c.dt);
+      EXPECT_EQ(y.dtype(), c.dt);
+      EXPECT_EQ(y.shape(), (Shape{c.M, c.F}));
+      // The product in double, then act(gate) * up.
+      ref::Array p = ref::matmul(ref::of(g.a), ref::of(g.b));
+      if (c.bias) p = ref::binary(p, ref::of(g.bias), std::plus<double>());
+      if (c.R > 0)
+        p = ref::binary(p, ref::matmul(ref::of(g.u), ref::of(g.v)), [](double x, double q) { return x + 0.6 * q; });
+      ref::Array want({c.M, c.F}, std::vector<double>(size_t(c.M * c.F)));
+      for (int64_t m = 0; m < c.M; ++m)
+        for (int64_t f = 0; f < c.F; ++f)
+          want.v[size_t(m * c.F + f)] = gc.ref(p.v[size_t(m * 2 * c.F + f)]) * p.v[size_t(m * 2 * c.F + c.F + f)];
+      EXPECT_TRUE(close(y, want, c.dt));
+      // The separate ops on this device: the same values.
+      const Tensor prod = c.R > 0 ? (c.bias ? ops::matmul_add(g.a, g.b, g.bias, g.u, g.v, 0.6f, c.dt)
+                                            : ops::matmul_low_rank(g.a, g.b, g.u, g.v, 0.6f, c.dt))
+                                  : (c.bias ? ops::matmul_add(g.a, g.b, g.bias, c.dt) : ops::matmul(g.a, g.b, c.dt));
+      const Tensor gate = ops::slice(prod, 1, 0, c.F), up = ops::slice(prod, 1, c.F, 2 * c.F);
+      const Tensor sep = ops::gated_activation(gate, up, gc.act);
+      EXPECT_EQ(y.to_doubles(), sep.to_doubles());
+    }
+  Tensor a = make_input({2, 8}, DType::f32, dev(), 56);
+  EXPECT_THROW(ops::matmul_gated(a, make_input({8, 5}, DType::f32, dev(), 57), Tensor(), Tensor(), Tensor(), 1.0f,
+                                 ops::GateActivation::silu, DType::f32),
+               lmtune::ShapeError);
+  EXPECT_THROW(ops::matmul_gated(a, make_input({8, 6}, DType::f32, dev(), 57), make_input({3}, DType::f32, dev(), 58),
+                                 Tensor(), Tensor(), 1.0f, ops::GateActivation::silu, DType::f32),
+               lmtune::ShapeError);
+}
+
+// vjp and jvp of the gated product against those of the composition (the product, then the gated activation).
+TEST_P(OpTest, MatmulGatedGradientsMatchComposition) {
+  for (const auto& gc : gate_cases())
+    for (DType dt : {DType::f32, DType::bf16}) {
+      LMTUNE_CASE(gc.name << " " << dtype_name(dt));
+      const GatedProductCase c{3, 24, 11, 4, dt, true};
+      const GatedProduct g = gated_product_inputs(c, dev());
+      const std::vector<Tensor> in{g.a, g.b, g.bias, ops::cast(g.u, dt), ops::cast(g.v, dt)};
+      auto fused = [&](const std::vector<Tensor>& x) {
+        return std::vector<Tensor>{ops::matmul_gated(x[0], x[1], x[2], x[3], x[4], 0.7f, gc.act, dt)};
+      };
+      auto composed = [&](const std::vector<Tensor>& x) {
+        const Tensor p = ops::matmul_add(x[0], x[1], x[2], x[3], x[4], 0.7f, dt);
+        return std::vector<Tensor>{ops::gated_activation(ops::slice(p, 1, 0, c.F), ops::slice(p, 1, c.F, 2 * c.F),
+                                                         gc.act)};
+      };
+      const Tensor cot = make_input({c.M, c.F}, dt, dev(), 59, Layout::transposed);
+      auto [yf, gf] = lmtune::vjp(fused, in, {cot});
+      auto [yc, gcomp] = lmtune::vjp(composed, in, {cot});
+      ASSERT_EQ(gf.size(), in.size());
+      for (size_t i = 0; i < in.size(); ++i) {
+        EXPECT_EQ(gf[i].dtype(), in[i].dtype());
+        EXPECT_TRUE(close(gf[i], ref::of(gcomp[i]), dt)) << "vjp for input " << i;
+      }
+      std::vector<Tensor> tangents;
+      for (size_t i = 0; i < in.size(); ++i) tangents.push_back(make_input(in[i].shape(), dt, dev(), 60 + i));
+      auto [yf2, tf] = lmtune::jvp(fused, in, tangents);
+      auto [yc2, tc] = lmtune::jvp(composed, in, tangents);
       EXPECT_TRUE(close(tf[0], ref::of(tc[0]), dt)) << "jvp";
     }
 }

@@ -13,6 +13,7 @@
 #include "core/ops/grouped_matmul.h"
 #include "core/ops/matmul.h"
 #include "core/ops/matmul_add.h"
+#include "core/ops/matmul_gated.h"
 
 namespace lmtune {
 namespace vk {
@@ -166,16 +167,17 @@ struct GemvParams {
   float alpha;
   uint32_t flags, R, u_off, u_rs, v_off, v_rs;
   float lr_alpha;
-  uint32_t e_off, e_rs;
+  uint32_t e_off, e_rs, act;
 };
-static_assert(sizeof(GemvParams) == 19 * 4);
-constexpr uint32_t kGemvLowRank = 1, kGemvAddend = 2;
+static_assert(sizeof(GemvParams) == 20 * 4);
+constexpr uint32_t kGemvLowRank = 1, kGemvAddend = 2, kGemvGated = 4;
 // Split-K below this many columns, from this K on (matmul_gemv.comp).
 constexpr uint64_t kGemvSplitBelowN = 256, kGemvSplitFromK = 256;
 
-// With `addend` (E [rows, N] with unit column stride, or a row [N]): C = A Wᵀ (+ U V) + E.
+// With `addend` (E [rows, N] with unit column stride, or a row [N]): C = A Wᵀ (+ U V) + E. With `act`: C [rows,
+// N / 2] = act(Y[:, :N / 2]) * Y[:, N / 2:] of that product Y.
 void record_gemv(Context& ctx, const MatmulPlan& plan, const Tensor& a, const Tensor& b, Tensor& c, float alpha,
-                 const LowRankTerm* lr, const Tensor* addend = nullptr) {
+                 const LowRankTerm* lr, const Tensor* addend = nullptr, const UnaryOp* act = nullptr) {
   GemvParams p{};
   p.N = uint32_t(plan.N), p.K = uint32_t(plan.K), p.rows = uint32_t(plan.gemv_rows);
   p.a_off = uint32_t(a.offset()), p.a_rs = uint32_t(plan.gemv_row_stride);
@@ -197,6 +199,11 @@ void record_gemv(Context& ctx, const MatmulPlan& plan, const Tensor& a, const Te
     p.e_off = uint32_t(addend->offset()), p.e_rs = addend->ndim() == 2 ? uint32_t(addend->strides()[0]) : 0u;
     p.dtypes |= dtype_code(addend->dtype()) << 20;
   }
+  if (act) {
+    p.flags |= kGemvGated;
+    p.act = uint32_t(*act);
+  }
+  const uint64_t columns = act ? plan.N / 2 : plan.N;  // C's
   // Workgroups of 4 subgroups (kernels/matmul/matmul_gemv.comp), one column each on a GPU; a CPU device (lavapipe)
   // pays per workgroup, so there each takes 64 columns. Few columns of a long K (a LoRA adapter's x Aᵀ) split K
   // among a workgroup's subgroups, one column per workgroup.
@@ -205,7 +212,7 @@ void record_gemv(Context& ctx, const MatmulPlan& plan, const Tensor& a, const Te
   // Without the terms, bindings 3, 4 and 5 (U, V, E) see A, B and A again.
   ctx.dispatch(plan.kernel,
                {in(a), in(b), out(c), in(lr ? *lr->u : a), in(lr ? *lr->v : b), in(addend ? *addend : a)}, p,
-               Groups{uint32_t((plan.N + cols - 1) / cols), 1, 1},
+               Groups{uint32_t((columns + cols - 1) / cols), 1, 1},
                {4 * std::max<uint32_t>(ctx.features().subgroup_size, 1), cols, split_k ? 4u : 1u});
 }
 
@@ -218,6 +225,19 @@ bool record_gemv_add(const Tensor& a, const Tensor& b, const Tensor& e, const Lo
   const std::optional<MatmulPlan> plan = plan_matmul(ctx, a, b, c, lr);
   if (!plan || plan->route != MatmulRoute::gemv) return false;
   record_gemv(ctx, *plan, a, b, c, 1.0f, lr, &e);
+  return true;
+}
+
+// C = act(Y[:, :F]) * Y[:, F:] for Y = A B (+ bias) (+ U V) [M, 2F] on matmul_gemv, where its plan takes the
+// product; false, recording nothing, elsewhere.
+bool record_gemv_gated(const Tensor& a, const Tensor& b, const Tensor* bias, const LowRankTerm* lr, UnaryOp act,
+                       Tensor& c) {
+  Context& ctx = context_for(c.device());
+  if (c.numel() == 0 || a.dim(-1) == 0 || (bias && bias->strides().back() != 1)) return false;
+  const Tensor y = c.view_as({c.dim(0), 2 * c.dim(1)}, {2 * c.dim(1), 1}, c.offset());  // planned as Y, C's buffer
+  const std::optional<MatmulPlan> plan = plan_matmul(ctx, a, b, y, lr);
+  if (!plan || plan->route != MatmulRoute::gemv) return false;
+  record_gemv(ctx, *plan, a, b, c, 1.0f, lr, bias, &act);
   return true;
 }
 
@@ -261,6 +281,14 @@ void MatmulAdd::eval_vulkan(const std::vector<Tensor>& in, std::vector<Tensor>& 
   const bool low_rank = in.size() > 3;
   const vk::LowRankTerm lr{low_rank ? &in[3] : nullptr, low_rank ? &in[4] : nullptr, alpha};
   if (vk::record_gemv_add(in[0], in[1], in[2], low_rank ? &lr : nullptr, out[0])) return;
+  compose(in, out);
+}
+
+// The activation in matmul_gemv's epilogue where it takes the product (decode), else composed of ops.
+void MatmulGated::eval_vulkan(const std::vector<Tensor>& in, std::vector<Tensor>& out) {
+  const size_t iu = bias ? 3 : 2;
+  const vk::LowRankTerm lr{low_rank ? &in[iu] : nullptr, low_rank ? &in[iu + 1] : nullptr, alpha};
+  if (vk::record_gemv_gated(in[0], in[1], bias ? &in[2] : nullptr, low_rank ? &lr : nullptr, act, out[0])) return;
   compose(in, out);
 }
 

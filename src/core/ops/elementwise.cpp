@@ -282,7 +282,6 @@ Tensor masked_fill(const Tensor& x, const Tensor& mask, float value) {
   return where(mask, Tensor::full({}, value, x.dtype(), x.device()), x);
 }
 
-namespace {
 UnaryOp gate_unary_op(GateActivation act) {
   switch (act) {
     case GateActivation::silu: return UnaryOp::silu;
@@ -291,7 +290,6 @@ UnaryOp gate_unary_op(GateActivation act) {
   }
   throw ShapeError("gated_activation: unknown activation " + std::to_string(int(act)));
 }
-}  // namespace
 
 Tensor gated_activation(const Tensor& gate, const Tensor& up, GateActivation act) {
   UnaryOp op = gate_unary_op(act);

@@ -1,6 +1,7 @@
 // Elementwise primitives: unary maps, broadcasting binary ops, where, and the fused gated activation. Kernels:
 // backend/{cpu,vulkan}/elementwise.cpp.
 #pragma once
+#include "core/ops.h"
 #include "core/primitive.h"
 
 namespace lmtune {
@@ -75,6 +76,11 @@ class GatedActivationBackward final : public Primitive {
 
   UnaryOp act;
 };
+
+namespace ops {
+// The UnaryOp code of a gate activation (the kernels' `op`).
+UnaryOp gate_unary_op(GateActivation act);
+}  // namespace ops
 
 // A view of `t` broadcast to `shape` (stride 0 on broadcast axes), for kernels.
 Tensor broadcast_view(const Tensor& t, const Shape& shape);
