@@ -341,22 +341,16 @@ Tensor Decoder::norm(const Tensor& x, const Tensor& weight) const {
 namespace {
 
 // RoPE of a layer's queries and keys; yarn and longrope scale cos and sin by their attention factor (transformers'
-// attention_scaling). Where the keys' heads follow the queries' in one tensor (a fused q, k, v product in
-// inference), one rope over both.
-std::pair<Tensor, Tensor> rope_pair(const Tensor& q, const Tensor& k, const Tensor& positions,
+// attention_scaling). With `qk`, the queries' and keys' heads as one [B, T, H + KV, D] tensor (the fused q, k, v
+// product of inference), one rope over both.
+std::pair<Tensor, Tensor> rope_pair(const Tensor& q, const Tensor& k, const Tensor& qk, const Tensor& positions,
                                     const Tensor& inv_freq, float scale) {
-  const int64_t H = q.dim(2), KV = k.dim(2), D = q.dim(3);
-  bool adjacent = (!grad_enabled() || (!on_tape(q) && !on_tape(k))) && q.buffer() == k.buffer() &&
-                  q.strides()[3] == 1 && k.strides()[3] == 1 && q.strides()[2] == D && k.strides()[2] == D &&
-                  k.offset() == q.offset() + H * D;
-  for (int i = 0; i < 2; ++i)  // batch and time: the same steps (a dim of one element has no step to match)
-    adjacent = adjacent && q.dim(i) == k.dim(i) && (q.dim(i) == 1 || q.strides()[i] == k.strides()[i]);
-  if (!adjacent) {
+  if (!qk.defined()) {
     return {ops::rope(q, positions, inv_freq, ops::RopeLayout::half_split, scale),
             ops::rope(k, positions, inv_freq, ops::RopeLayout::half_split, scale)};
   }
-  const Tensor both = q.view_as({q.dim(0), q.dim(1), H + KV, D}, q.strides(), q.offset());
-  const Tensor r = ops::rope(both, positions, inv_freq, ops::RopeLayout::half_split, scale);
+  const int64_t H = q.dim(2), KV = k.dim(2);
+  const Tensor r = ops::rope(qk, positions, inv_freq, ops::RopeLayout::half_split, scale);
   return {ops::slice(r, 2, 0, H), ops::slice(r, 2, H, H + KV)};
 }
 
@@ -378,15 +372,19 @@ Tensor Decoder::layer_forward(int index, const Tensor& x, const Tensor& position
 
   // ---- attention ----
   const Tensor h = norm(x, w.input_norm);
-  const std::vector<Tensor> qkv = w.attn.qkv({&w.attn.q, &w.attn.k, &w.attn.v}, h, options.row_adapters);
+  Tensor whole;  // the group's product [B, T, (H + 2 KV) D] where it takes q, k and v as one
+  const std::vector<Tensor> qkv = w.attn.qkv({&w.attn.q, &w.attn.k, &w.attn.v}, h, options.row_adapters, &whole);
   Tensor q = ops::reshape(qkv[0], {B, T, H, D});
   Tensor k = ops::reshape(qkv[1], {B, T, KV, D});
   Tensor v = ops::reshape(qkv[2], {B, T, KV, D});
+  Tensor qk;  // queries' and keys' heads side by side, where no q/k norm sits between the product and the rope
   if (config_.qk_norm) {
     q = norm(q, w.attn.q_norm);
     k = norm(k, w.attn.k_norm);
+  } else if (whole.defined()) {
+    qk = ops::reshape(ops::slice(whole, -1, 0, (H + KV) * D), {B, T, H + KV, D});
   }
-  std::tie(q, k) = rope_pair(q, k, positions, inv_freq, float(lc.rope.attention_factor));
+  std::tie(q, k) = rope_pair(q, k, qk, positions, inv_freq, float(lc.rope.attention_factor));
 
   ops::AttentionOptions ao;
   ao.scale = config_.attn_scale;

@@ -290,15 +290,17 @@ bool LinearGroup::applies(const std::vector<const Linear*>& parts, const Tensor&
 }
 
 std::vector<Tensor> LinearGroup::operator()(const std::vector<const Linear*>& parts, const Tensor& x,
-                                            const RowAdapters* rows) const {
+                                            const RowAdapters* rows, Tensor* whole) const {
   const LoraAdapter* a = nullptr;
   std::vector<Tensor> out;
+  if (whole) *whole = Tensor();
   if (!applies(parts, x, rows, a)) {
     for (const Linear* p : parts) out.push_back((*p)(x, rows));
     return out;
   }
-  Linear whole(weight_, bias_);
-  const Tensor y = a ? whole.fused(x, a, Tensor()) : whole(x);
+  Linear group(weight_, bias_);
+  const Tensor y = a ? group.fused(x, a, Tensor()) : group(x);
+  if (whole) *whole = y;
   int64_t col = 0;
   for (int64_t n : outs_) {
     out.push_back(ops::slice(y, -1, col, col + n));

@@ -102,9 +102,10 @@ class LinearGroup {
   bool defined() const { return weight_.defined(); }
   // Each part's output [..., out_i] for x [..., in] (the parts this group was made from, in order): views of one
   // product where the group applies (at most kRows rows, nothing recorded for autodiff, no per-row adapters, the
-  // parts' adapters fusable), else each part's own product.
+  // parts' adapters fusable), else each part's own product. `whole`, where given, receives that one product
+  // [..., Σout] (undefined where the group does not apply).
   std::vector<Tensor> operator()(const std::vector<const Linear*>& parts, const Tensor& x,
-                                 const RowAdapters* rows = nullptr) const;
+                                 const RowAdapters* rows = nullptr, Tensor* whole = nullptr) const;
   // act(gate) * up of a group made of (gate, up), in that order, where it applies: one product with the
   // activation in its epilogue (ops::matmul_gated: one dispatch in decoding); undefined elsewhere (the caller
   // takes the parts' products).
