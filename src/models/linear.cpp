@@ -235,22 +235,26 @@ LinearGroup::LinearGroup(const std::vector<Linear*>& parts) {
 }
 
 bool LinearGroup::fused_adapter(const std::vector<const Linear*>& parts, const LoraAdapter*& out) const {
-  std::vector<Tensor> sources;
   const LoraAdapter* named = nullptr;
-  for (const Linear* p : parts) {
+  // The cache holds the sources it was made from, so a tensor it names cannot be freed and another take its place.
+  bool same = cache_.sources.size() == 2 * parts.size();
+  for (size_t i = 0; i < parts.size(); ++i) {
+    const Linear* p = parts[i];
     if (p->adapters.size() > 1) return false;
     const LoraAdapter* a = p->adapters.empty() ? nullptr : &p->adapters[0];
     if (a && (dropout_on(*a) || (named && a->name != named->name))) return false;
     if (a) named = a;
-    sources.push_back(a ? a->A : Tensor());
-    sources.push_back(a ? a->B : Tensor());
+    same = same && cache_.sources[2 * i].impl() == (a ? a->A.impl() : nullptr) &&
+           cache_.sources[2 * i + 1].impl() == (a ? a->B.impl() : nullptr);
   }
   out = nullptr;
   if (!named) return true;
-  // The cache holds the sources it was made from, so a tensor it names cannot be freed and another take its place.
-  bool same = sources.size() == cache_.sources.size();
-  for (size_t i = 0; same && i < sources.size(); ++i) same = sources[i].impl() == cache_.sources[i].impl();
   if (!same) {
+    std::vector<Tensor> sources;
+    for (const Linear* p : parts) {
+      sources.push_back(p->adapters.empty() ? Tensor() : p->adapters[0].A);
+      sources.push_back(p->adapters.empty() ? Tensor() : p->adapters[0].B);
+    }
     NoGrad no_grad;
     int64_t rank = 0, rows = 0;
     std::vector<Tensor> as;

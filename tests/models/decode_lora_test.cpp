@@ -164,6 +164,39 @@ TEST_P(KvCacheDecode, FusedProjectionsDecodeAsSeparate) {
   }
 }
 
+// The groups' fused adapters follow the parts' adapters: replaced adapters (new tensors) are fused anew, and
+// without adapters the groups run the base products.
+TEST_P(KvCacheDecode, FusedAdaptersFollowReplacedAdapters) {
+  const auto& [arch, dev] = GetParam();
+  if (arch != "llama3") GTEST_SKIP() << "one family covers the groups' adapter cache";
+  const Device d = parse_device(dev);
+  Decoder model = load_decoder(fixture_dir(arch), DType::f32, DType::f32, d);
+  auto adapt = [&](uint64_t seed, bool on) {
+    for (LayerWeights& l : model.weights().layers)
+      for (Linear* lin : {&l.attn.q, &l.attn.v, &l.mlp.gate}) {
+        lin->adapters.clear();
+        if (!on) continue;
+        LoraAdapter& ad = lin->add_adapter(4, 0.5f, seed++);
+        ad.B = Tensor::randn(ad.B.shape(), seed++, 0.2f, DType::f32, d);
+      }
+  };
+  auto same = [](const auto& got, const auto& want) {
+    EXPECT_EQ(got.first, want.first);
+    for (size_t i = 0; i < got.second.size(); ++i) EXPECT_LT(rel_err(got.second[i], want.second[i]), 1e-5);
+  };
+  const auto base = cached_decode(model, d, 4);
+  adapt(11, true);
+  const auto first = cached_decode(model, d, 4);
+  adapt(31, true);
+  const auto second = cached_decode(model, d, 4);
+  fuse_projections(model.weights());
+  same(cached_decode(model, d, 4), second);
+  adapt(11, true);  // the same values as `first`, in new tensors
+  same(cached_decode(model, d, 4), first);
+  adapt(0, false);
+  same(cached_decode(model, d, 4), base);
+}
+
 std::vector<std::tuple<std::string, std::string>> decode_cases() {
   std::vector<std::tuple<std::string, std::string>> out;
   for (const std::string& dev : test::test_devices())
