@@ -203,7 +203,7 @@ void record_gemv(Context& ctx, const MatmulPlan& plan, const Tensor& a, const Te
     p.flags |= kGemvGated;
     p.act = uint32_t(*act);
   }
-  const uint64_t columns = act ? plan.N / 2 : plan.N;  // C's
+  const uint64_t columns = act ? plan.N / 2 : plan.N;  // C's columns
   // Workgroups of 4 subgroups (kernels/matmul/matmul_gemv.comp), one column each on a GPU; a CPU device (lavapipe)
   // pays per workgroup, so there each takes 64 columns. Few columns of a long K (a LoRA adapter's x Aᵀ) split K
   // among a workgroup's subgroups, one column per workgroup.

@@ -93,10 +93,10 @@ Tensor matmul_gated(const Tensor& a, const Tensor& b, const Tensor& bias, const 
            (bias.defined() ? " + " + to_string(bias.shape()) : std::string()) +
            (low_rank ? " + " + to_string(u.shape()) + " x " + to_string(v.shape()) : std::string());
   };
-  for (const Tensor* t : {&a, &b, &bias, &u, &v})
-    if ((t->defined() || t == &a || t == &b || (low_rank && (t == &u || t == &v))) &&
-        (!t->defined() || !is_float(t->dtype())))
-      throw ShapeError("matmul_gated: expected float operands, got " + shapes());
+  auto float_operand = [](const Tensor& t) { return t.defined() && is_float(t.dtype()); };
+  if (!float_operand(a) || !float_operand(b) || (bias.defined() && !float_operand(bias)) ||
+      (low_rank && (!float_operand(u) || !float_operand(v))))
+    throw ShapeError("matmul_gated: expected float operands, got " + shapes());
   if (a.ndim() != 2 || b.ndim() != 2 || b.dim(0) != a.dim(1) || b.dim(1) % 2 != 0)
     throw ShapeError("matmul_gated: shapes do not fit a [M, K] x b [K, 2F]: " + shapes());
   const int64_t M = a.dim(0), N = b.dim(1);
