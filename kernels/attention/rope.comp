@@ -1,18 +1,13 @@
 #version 450
 // Rotary embedding of dense x [B, T, H, D] at positions i32 [B, T] with inv_freq f32 [R/2]; one invocation per
-// rotated pair (one angle, its sin and cos, for both outputs) or per dim past the rotated ones. angle = float(pos) * inv_freq[i] in f32 (as HF computes it), reduced to [-pi, pi] in two steps
-// before cos/sin so large positions stay accurate on GPUs whose sin/cos are only good near 0.
+// rotated pair (one angle, its sin and cos, for both outputs) or per dim past the rotated ones. angle =
+// float(pos) * inv_freq[i] in f32 (as HF computes it), its sin and cos reduced first (rope.glsl).
 // half_split pairs (i, i + R/2); interleaved pairs (2i, 2i + 1); dims >= R pass through; inverse rotates by -angle;
 // cos and sin are multiplied by scale (transformers' attention_scaling of yarn and longrope).
 // vec (half_split with R/2 and D - R multiples of 4, offsets too): a unit is 4 pairs (or 4 pass-through dims), read
 // and written 4 elements at a time.
-#include "common/common.glsl"
-layout(local_size_x_id = 0) in;
+#include "attention/rope.glsl"
 
-TENSOR(0, X)
-TENSOR(1, POS)
-TENSOR(2, FREQ)
-TENSOR(3, Y)
 TENSOR4(0, X)
 TENSOR4(3, Y)
 
@@ -24,13 +19,6 @@ layout(push_constant) uniform Push {
   uint vec;
   float scale;
 } p;
-
-void sincos_reduced(float a, out float s, out float c) {
-  float k = round(a * 0.15915494309189535);  // a / (2 pi)
-  float r = (a - k * 6.28125) - k * 0.0019353071795864769;  // 2 pi = 6.28125 + 0.00193530717958647...
-  s = sin(r) * p.scale;
-  c = cos(r) * p.scale;
-}
 
 // A unit of the vec path: 4 pairs (k .. k + 3, k + half_r ..) or 4 pass-through dims.
 void rope_vec4(uint u, uint dx, uint dy) {
@@ -44,7 +32,8 @@ void rope_vec4(uint u, uint dx, uint dy) {
   }
   float pos = float(LD_I32(POS, p.pos_off + row / p.h));
   vec4 s, c;
-  [[unroll]] for (uint i = 0u; i < 4u; ++i) sincos_reduced(pos * LD_F32(FREQ, p.freq_off + k + i), s[i], c[i]);
+  [[unroll]] for (uint i = 0u; i < 4u; ++i)
+    sincos_reduced(pos * LD_F32(FREQ, p.freq_off + k + i), p.scale, s[i], c[i]);
   if (p.inverse != 0u) s = -s;
   vec4 a = X_ld4(dx, xo + k), b = X_ld4(dx, xo + k + half_r);
   Y_st4(dy, yo + k, a * c - b * s);
@@ -70,7 +59,7 @@ void main() {
     uint j0 = p.interleaved != 0u ? 2u * k : k, j1 = p.interleaved != 0u ? j0 + 1u : k + half_r;
     float angle = float(LD_I32(POS, p.pos_off + row / p.h)) * LD_F32(FREQ, p.freq_off + k);
     float s, c;
-    sincos_reduced(angle, s, c);
+    sincos_reduced(angle, p.scale, s, c);
     if (p.inverse != 0u) s = -s;
     float a = X_ld(dx, xo + j0), b = X_ld(dx, xo + j1);
     Y_st(dy, yo + j0, a * c - b * s);

@@ -26,6 +26,7 @@
 #include "core/autodiff.h"
 #include "core/error.h"
 #include "core/ops.h"
+#include "core/ops/rope_append.h"
 #include "core/ops/view.h"
 #include "models/moe.h"
 
@@ -164,13 +165,12 @@ void KvCache::reserve(Layer& l, int64_t tokens) {
   l.v = v;
 }
 
-KvCache::View KvCache::append(int layer, const Tensor& k, const Tensor& v) {
+KvCache::Layer& KvCache::make_room(int layer, const Shape& keys) {
   if (layer < 0 || size_t(layer) >= layers_.size())
     throw ShapeError("kv cache: layer " + std::to_string(layer) + " out of range");
-  Shape expect{batch_, k.dim(1), kv_heads_, head_dim_};
-  if (k.shape() != expect || v.shape() != expect)
-    throw ShapeError("kv cache: expected keys/values " + to_string(expect) + ", got " + to_string(k.shape()) +
-                     " and " + to_string(v.shape()));
+  Shape expect{batch_, keys.size() == 4 ? keys[1] : 0, kv_heads_, head_dim_};
+  if (keys != expect)
+    throw ShapeError("kv cache: expected keys/values " + to_string(expect) + ", got " + to_string(keys));
   Layer& l = layers_[size_t(layer)];
   // A bounded sliding layer drops what no future query can see: keep the last window - 1 tokens.
   if (l.window > 0 && l.used > l.window - 1) {
@@ -187,10 +187,11 @@ KvCache::View KvCache::append(int layer, const Tensor& k, const Tensor& v) {
     }
     l.used = keep;
   }
-  const int64_t t = k.dim(1);
-  reserve(l, l.used + t);
-  copy_into(Slice(1, l.used, l.used + t, 1).apply_to(l.k), k);
-  copy_into(Slice(1, l.used, l.used + t, 1).apply_to(l.v), v);
+  reserve(l, l.used + keys[1]);
+  return l;
+}
+
+KvCache::View KvCache::stored(Layer& l, int64_t t) {
   View view{Slice(1, 0, l.used + t, 1).apply_to(l.k), Slice(1, 0, l.used + t, 1).apply_to(l.v), l.used, Tensor()};
   if (padded_) {
     // The view holds tokens [length_ - used, length_ + t) of the sequence; record_attend_mask has run for t.
@@ -204,6 +205,26 @@ KvCache::View KvCache::append(int layer, const Tensor& k, const Tensor& v) {
   }
   l.used += t;
   return view;
+}
+
+KvCache::View KvCache::append(int layer, const Tensor& k, const Tensor& v) {
+  if (v.shape() != k.shape())
+    throw ShapeError("kv cache: keys " + to_string(k.shape()) + " and values " + to_string(v.shape()) + " differ");
+  Layer& l = make_room(layer, k.shape());
+  const int64_t t = k.dim(1);
+  copy_into(Slice(1, l.used, l.used + t, 1).apply_to(l.k), k);
+  copy_into(Slice(1, l.used, l.used + t, 1).apply_to(l.v), v);
+  return stored(l, t);
+}
+
+std::pair<Tensor, KvCache::View> KvCache::append_rotated(int layer, const Tensor& qk, const Tensor& v,
+                                                         const Tensor& positions, const Tensor& inv_freq,
+                                                         float scale) {
+  Layer& l = make_room(layer, v.shape());
+  const int64_t t = v.dim(1);
+  const Tensor q = ops::rope_append(qk, v, positions, inv_freq, scale, Slice(1, l.used, l.used + t, 1).apply_to(l.k),
+                                    Slice(1, l.used, l.used + t, 1).apply_to(l.v));
+  return {q, stored(l, t)};
 }
 
 int64_t KvCache::row_tokens(int64_t b) const {
@@ -384,7 +405,16 @@ Tensor Decoder::layer_forward(int index, const Tensor& x, const Tensor& position
   } else if (whole.defined()) {
     qk = ops::reshape(ops::slice(whole, -1, 0, (H + KV) * D), {B, T, H + KV, D});
   }
-  std::tie(q, k) = rope_pair(q, k, qk, positions, inv_freq, float(lc.rope.attention_factor));
+  const float rope_scale = float(lc.rope.attention_factor);
+  // With a cache, the one [q | k] block of inference is rotated and its keys stored with the values in one op.
+  const bool rotate_into_cache = options.cache && qk.defined() && !on_tape(qk) && !on_tape(v);
+  KvCache::View view;
+  if (rotate_into_cache) {
+    std::tie(q, view) = options.cache->append_rotated(index, qk, v, positions, inv_freq, rope_scale);
+  } else {
+    std::tie(q, k) = rope_pair(q, k, qk, positions, inv_freq, rope_scale);
+    if (options.cache) view = options.cache->append(index, k, v);
+  }
 
   ops::AttentionOptions ao;
   ao.scale = config_.attn_scale;
@@ -393,7 +423,6 @@ Tensor Decoder::layer_forward(int index, const Tensor& x, const Tensor& position
   ao.softcap = float(config_.attn_logit_softcapping);
   ao.doc_ids = options.doc_ids;
   if (options.cache) {
-    KvCache::View view = options.cache->append(index, k, v);
     k = view.k;
     v = view.v;
     ao.q_offset = view.q_offset;

@@ -101,6 +101,11 @@ class KvCache {
     Tensor key_mask;  // i32 [B, S] when padding was recorded, else undefined
   };
   View append(int layer, const Tensor& k, const Tensor& v);
+  // The same for the fused q, k, v product of inference: its queries and keys qk [B, T, H + KV, D] rotated
+  // (ops::rope_append: half_split at positions with inv_freq, cos and sin times `scale`), the keys stored with
+  // v. Returns the rotated queries [B, T, H, D] and the view. Inference only (nothing recorded for autodiff).
+  std::pair<Tensor, View> append_rotated(int layer, const Tensor& qk, const Tensor& v, const Tensor& positions,
+                                         const Tensor& inv_freq, float scale);
   // Called by the decoder once every layer has appended T tokens.
   void advance(int64_t tokens) { length_ += tokens; }
   // Padding (batched generation of prompts of different lengths): called by the decoder before the layers with
@@ -131,6 +136,11 @@ class KvCache {
     int64_t window = 0;    // > 0: keep only the last window - 1 tokens between calls
   };
   void reserve(Layer& l, int64_t tokens);
+  // Checks layer and the keys' shape, drops what a bounded sliding layer no longer needs and makes room for t
+  // more tokens: then [l.used, l.used + t) are the new tokens' slots.
+  Layer& make_room(int layer, const Shape& keys);
+  // The view of layer l once t tokens are stored after its l.used; advances l.used.
+  View stored(Layer& l, int64_t t);
   std::vector<Layer> layers_;
   std::vector<std::vector<uint8_t>> valid_;  // per row, per token appended: 0 = padding (only once any padding)
   bool padded_ = false;

@@ -5,6 +5,7 @@
 #include "backend/vulkan/nn_kernels.h"
 #include "core/error.h"
 #include "core/ops/nn.h"
+#include "core/ops/rope_append.h"
 
 namespace lmtune::vk {
 namespace {
@@ -26,6 +27,13 @@ struct RmsGradPush {
 };
 struct RopePush {
   uint32_t total, d, h, r, x_off, pos_off, freq_off, y_off, dtypes, interleaved, inverse, vec;
+  float scale;
+};
+// Mirrors the push constants of kernels/attention/rope_append.comp.
+struct RopeAppendPush {
+  uint32_t rot_units, copy_units, T, H, KV, D, R;
+  uint32_t x_off, x_sb, x_st, pos_off, freq_off, y_off, z_off, z_sb, z_st, v_off, v_sb, v_st, w_off, w_sb, w_st;
+  uint32_t dtypes;
   float scale;
 };
 struct EmbeddingPush {
@@ -160,6 +168,34 @@ void LayerNorm::eval_vulkan(const std::vector<Tensor>& in, std::vector<Tensor>& 
 
 void Rope::eval_vulkan(const std::vector<Tensor>& in, std::vector<Tensor>& out) {
   vk::rope_apply(in[0], in[1], in[2], out[0], layout == ops::RopeLayout::interleaved, inverse, scale);
+}
+
+// One dispatch: one invocation per rotated pair or pass-through dim of qk's rows, then per value element.
+void RopeAppend::eval_vulkan(const std::vector<Tensor>& inputs, std::vector<Tensor>& outputs) {
+  using namespace vk;
+  const Tensor &qk = inputs[0], &v = inputs[1], pos = dense(inputs[2]), freq = dense(inputs[3]);
+  const Tensor &q = outputs[0], &k_slots = outputs[1], &v_slots = outputs[2];
+  if (q.numel() == 0) return;
+  Context& ctx = context_for(q.device());
+  const int64_t B = qk.dim(0), T = qk.dim(1), H = q.dim(2), KV = v.dim(2), D = qk.dim(3), R = 2 * freq.numel();
+  auto stride = [](const Tensor& t, int axis) { return u32(t.strides()[size_t(axis)], "stride"); };
+  RopeAppendPush p{};
+  p.rot_units = u32(B * T * (H + KV) * (R / 2 + D - R), "rope units");
+  p.copy_units = u32(B * T * KV * D, "values");
+  p.T = u32(T, "tokens"), p.H = u32(H, "heads"), p.KV = u32(KV, "kv heads"), p.D = u32(D, "head dim");
+  p.R = u32(R, "rotary dims");
+  p.x_off = elem_offset(qk), p.x_sb = stride(qk, 0), p.x_st = stride(qk, 1);
+  p.pos_off = elem_offset(pos), p.freq_off = elem_offset(freq), p.y_off = elem_offset(q);
+  p.z_off = elem_offset(k_slots), p.z_sb = stride(k_slots, 0), p.z_st = stride(k_slots, 1);
+  p.v_off = elem_offset(v), p.v_sb = stride(v, 0), p.v_st = stride(v, 1);
+  p.w_off = elem_offset(v_slots), p.w_sb = stride(v_slots, 0), p.w_st = stride(v_slots, 1);
+  p.dtypes = uint32_t(qk.dtype()) | uint32_t(q.dtype()) << 4 | uint32_t(k_slots.dtype()) << 8 |
+             uint32_t(v.dtype()) << 12 | uint32_t(v_slots.dtype()) << 16;
+  p.scale = scale;
+  const uint64_t units = uint64_t(p.rot_units) + p.copy_units;
+  u32(int64_t(units), "rope units");
+  ctx.dispatch(variant(ctx, "rope_append"), {in(qk), in(pos), in(freq), out(q), out(k_slots), in(v), out(v_slots)},
+               p, groups_1d(units, 256), {256});
 }
 
 void Dropout::eval_vulkan(const std::vector<Tensor>& in, std::vector<Tensor>& out) {
