@@ -138,8 +138,10 @@ void main() {
   const bool gated = (p.flags & FLAG_GATED) != 0u, addend = (p.flags & FLAG_ADDEND) != 0u;
   const uint nout = gated ? p.N / 2u : p.N;  // C's columns
   const uint cols = KSPLIT > 1u ? 1u : COLS;
-  const uint n_end = min(nout, (gl_WorkGroupID.x + 1u) * cols);
-  const uint n_first = gl_WorkGroupID.x * cols + (KSPLIT > 1u ? 0u : gl_SubgroupID);
+  // Rows of at most 65535 workgroups in y (a vocabulary of 262144 takes 65536 workgroups of 4 columns).
+  const uint group = gl_WorkGroupID.x + gl_WorkGroupID.y * gl_NumWorkGroups.x;
+  const uint n_end = min(nout, (group + 1u) * cols);
+  const uint n_first = group * cols + (KSPLIT > 1u ? 0u : gl_SubgroupID);
   for (uint n = n_first; n < n_end; n += KSPLIT > 1u ? 1u : gl_NumSubgroups) {
     float acc[MAXR], up[MAXR];
     column_sums(n, sub, nr, acc);

@@ -352,11 +352,22 @@ std::vector<Tensor> Decoder::call_frequencies(const Tensor& positions) const {
   return out;
 }
 
-Tensor Decoder::norm(const Tensor& x, const Tensor& weight) const {
+Tensor Decoder::norm_weight(const Tensor& weight) const {
+  if (config_.norm_style != NormStyle::one_plus_weight) return weight;
   // (1 + w) is formed in f32 as in transformers' Gemma RMSNorm; rms_norm accepts a weight of another dtype.
-  Tensor w = config_.norm_style == NormStyle::one_plus_weight ? ops::add_scalar(ops::cast(weight, DType::f32), 1.0f)
-                                                               : weight;
-  return ops::rms_norm(x, w, float(config_.rms_norm_eps));
+  auto shift = [&] { return ops::add_scalar(ops::cast(weight, DType::f32), 1.0f); };
+  if (weight.requires_grad() || on_tape(weight)) return shift();
+  // A frozen weight's shift is made once: per call it cost a cast and an add per norm (six per Gemma 3 layer).
+  std::lock_guard<std::mutex> lock(norm_shift_->mutex);
+  for (const auto& [w, shifted] : norm_shift_->shifted)
+    if (w.impl() == weight.impl()) return shifted;
+  NoGrad no_grad;
+  norm_shift_->shifted.emplace_back(weight, shift());
+  return norm_shift_->shifted.back().second;
+}
+
+Tensor Decoder::norm(const Tensor& x, const Tensor& weight) const {
+  return ops::rms_norm(x, norm_weight(weight), float(config_.rms_norm_eps));
 }
 
 namespace {

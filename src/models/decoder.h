@@ -9,6 +9,9 @@
 #pragma once
 #include <cstdint>
 #include <functional>
+#include <memory>
+#include <mutex>
+#include <utility>
 #include <vector>
 
 #include "core/tensor.h"
@@ -211,6 +214,15 @@ class Decoder {
   // that stored them, as in transformers' generate.
   std::vector<Tensor> call_frequencies(const Tensor& positions) const;
   Tensor norm(const Tensor& x, const Tensor& weight) const;
+  // What norm multiplies by: Gemma's (1 + w) in f32, made once per frozen weight (NormShift), else w.
+  Tensor norm_weight(const Tensor& weight) const;
+  // Gemma's shifted norm weights, by the weight they were made from (held, so that its storage is not reused by
+  // another tensor); shared by copies of the decoder. Weights that require grad are never cached.
+  struct NormShift {
+    std::mutex mutex;
+    std::vector<std::pair<Tensor, Tensor>> shifted;  // (weight, 1 + weight in f32)
+  };
+  std::shared_ptr<NormShift> norm_shift_ = std::make_shared<NormShift>();
   ModelConfig config_;
   DecoderWeights weights_;
   DType compute_dtype_;

@@ -407,6 +407,13 @@ TEST_F(VulkanMatmul, GemvKernel) {
   EXPECT_EQ(kernel_of(h, ops::transpose(w), logits), "gemv 2 nt");
   const Shape no_batch;
   EXPECT_LT(nmse(logits.to_doubles(), reference(h, ops::transpose(w), no_batch, 2, 517, 136)), 1e-10);
+  // Gemma 3's lm_head (a vocabulary of 262144): more than 65535 workgroups of columns, in rows of the grid.
+  const int64_t V = 262144 + 9;
+  Tensor h1 = Tensor::randn({1, 8}, 9, 1.0f, DType::f32, dev_);
+  Tensor wide = Tensor::randn({V, 8}, 10, 1.0f, DType::bf16, dev_);
+  Tensor wide_logits = apply1(std::make_shared<Matmul>(), {h1, ops::transpose(wide)}, {{1, V}, DType::f32});
+  EXPECT_EQ(kernel_of(h1, ops::transpose(wide), wide_logits), "gemv 1 nt");
+  EXPECT_LT(nmse(wide_logits.to_doubles(), reference(h1, ops::transpose(wide), no_batch, 1, V, 8)), 1e-10);
 }
 
 // Decode's LoRA products: x Wᵀ + s U Bᵀ with U = x Aᵀ [rows, R] and B [N, R] in their stored dtypes (f32

@@ -197,6 +197,42 @@ TEST_P(KvCacheDecode, FusedAdaptersFollowReplacedAdapters) {
   same(cached_decode(model, d, 4), base);
 }
 
+// Gemma's norms multiply by (1 + w) in f32: made once per frozen weight, not per call (a cast and an add per norm,
+// six norms per Gemma 3 layer). A second decode runs none of those passes and gives the same tokens and logits;
+// a weight that requires grad still gets its shift per call, so its gradient flows.
+TEST_P(KvCacheDecode, ShiftedNormWeightsMadeOnce) {
+  const auto& [arch, dev] = GetParam();
+  if (arch != "gemma2" && arch != "gemma3_text") GTEST_SKIP() << "norms of (1 + w): Gemma";
+  const Device d = parse_device(dev);
+  Decoder model = load_decoder(fixture_dir(arch), DType::f32, DType::f32, d);
+  ASSERT_EQ(model.config().norm_style, NormStyle::one_plus_weight);
+  const bool counted = d.is_vulkan() && vk::context_for(d).features().timestamps;
+  std::pair<std::vector<int>, std::vector<std::vector<float>>> first, second;
+  auto adds = [&](auto& out) {
+    return lmtune::test::count_dispatches(vk::context_for(d), "unary", [&] { out = cached_decode(model, d, 3); });
+  };
+  if (counted) {
+    const lmtune::test::DispatchCount a = adds(first), b = adds(second);
+    EXPECT_LT(b.matching, a.matching) << b.report;
+    EXPECT_LT(b.all, a.all) << b.report;
+  } else {
+    first = cached_decode(model, d, 3);
+    second = cached_decode(model, d, 3);
+  }
+  EXPECT_EQ(second.first, first.first);
+  for (size_t i = 0; i < first.second.size(); ++i) EXPECT_EQ(second.second[i], first.second[i]) << "step " << i;
+  // A trained norm weight: its gradient reaches it through the shift.
+  Tensor& w = model.weights().layers[0].input_norm;
+  w.set_requires_grad(true);
+  const Tensor ids = Tensor::from_ints({1, 2, 3}, {1, 3}, d);
+  const Tensor loss = ops::sum_all(model.forward(ids, default_positions(1, 3, d), ForwardOptions{}));
+  backward(loss);
+  ASSERT_TRUE(w.grad().defined());
+  double norm = 0;
+  for (double g : w.grad().to_doubles()) norm += g * g;
+  EXPECT_GT(norm, 0.0);
+}
+
 std::vector<std::tuple<std::string, std::string>> decode_cases() {
   std::vector<std::tuple<std::string, std::string>> out;
   for (const std::string& dev : test::test_devices())

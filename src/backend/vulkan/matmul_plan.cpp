@@ -193,7 +193,7 @@ constexpr uint64_t kGemvMaxRows = 4;
 // gemv_row_stride.
 bool gemv_takes(MatmulPlan& p, const Tensor& a, const Tensor& b, int64_t a_rs, int64_t a_cs, int64_t b_rs,
                 int64_t b_cs, const std::vector<BatchDim>& batch) {
-  if (a_cs != 1 || b_rs != 1 || p.K % 8 != 0 || batch.size() > 1 || div_up(p.N, 4) > 65535) return false;
+  if (a_cs != 1 || b_rs != 1 || p.K % 8 != 0 || batch.size() > 1) return false;
   uint64_t rows = p.M, stride = uint64_t(a_rs);
   if (!batch.empty()) {
     const BatchDim& d = batch[0];
