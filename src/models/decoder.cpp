@@ -359,11 +359,12 @@ Tensor Decoder::norm_weight(const Tensor& weight) const {
   if (weight.requires_grad() || on_tape(weight)) return shift();
   // A frozen weight's shift is made once: per call it cost a cast and an add per norm (six per Gemma 3 layer).
   std::lock_guard<std::mutex> lock(norm_shift_->mutex);
-  for (const auto& [w, shifted] : norm_shift_->shifted)
-    if (w.impl() == weight.impl()) return shifted;
-  NoGrad no_grad;
-  norm_shift_->shifted.emplace_back(weight, shift());
-  return norm_shift_->shifted.back().second;
+  auto [it, made] = norm_shift_->shifted.try_emplace(weight.impl());
+  if (made) {
+    NoGrad no_grad;
+    it->second = {weight, shift()};
+  }
+  return it->second.second;
 }
 
 Tensor Decoder::norm(const Tensor& x, const Tensor& weight) const {

@@ -11,6 +11,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -220,7 +221,7 @@ class Decoder {
   // another tensor); shared by copies of the decoder. Weights that require grad are never cached.
   struct NormShift {
     std::mutex mutex;
-    std::vector<std::pair<Tensor, Tensor>> shifted;  // (weight, 1 + weight in f32)
+    std::unordered_map<const TensorImpl*, std::pair<Tensor, Tensor>> shifted;  // (weight, 1 + weight in f32)
   };
   std::shared_ptr<NormShift> norm_shift_ = std::make_shared<NormShift>();
   ModelConfig config_;

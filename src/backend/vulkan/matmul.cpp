@@ -209,8 +209,8 @@ void record_gemv(Context& ctx, const MatmulPlan& plan, const Tensor& a, const Te
   // among a workgroup's subgroups, one column per workgroup.
   const bool split_k = plan.N < kGemvSplitBelowN && plan.K >= kGemvSplitFromK;
   const uint32_t cols = split_k ? 1 : ctx.properties().deviceType == VK_PHYSICAL_DEVICE_TYPE_CPU ? 64 : 4;
-  // Without the terms, bindings 3, 4 and 5 (U, V, E) see A, B and A again.
-  // The workgroups in rows of at most 65535 (the kernel reads its index from x and y).
+  // The workgroups in rows of at most 65535 (the kernel reads its index from x and y). Without the terms,
+  // bindings 3, 4 and 5 (U, V, E) see A, B and A again.
   const uint64_t groups = (columns + cols - 1) / cols, row = std::min<uint64_t>(groups, 65535);
   ctx.dispatch(plan.kernel,
                {in(a), in(b), out(c), in(lr ? *lr->u : a), in(lr ? *lr->v : b), in(addend ? *addend : a)}, p,
