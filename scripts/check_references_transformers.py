@@ -11,9 +11,11 @@ lmtune, agree with the implementation users compare against:
 
 It also recomputes the rope-scaling model fixtures (tests/models/fixtures/{llama_yarn,qwen2_longrope,
 llama_dynamic}) with transformers' own models: logits and loss past the original length, the packed row alone,
-and the KV-cache timeline of generate (--rope: only these), and the mixture-of-experts fixtures
+and the KV-cache timeline of generate (--rope: only these), the mixture-of-experts fixtures
 (tests/models/fixtures/{mixtral,qwen3_moe}, --moe: only these) with transformers' Mixtral and Qwen3-MoE classes:
-logits of each document alone, the loss, and the load-balancing loss of the whole batch.
+logits of each document alone, the loss, and the load-balancing loss of the whole batch, and the Gemma 4 fixture
+(tests/models/fixtures/gemma4_text, --gemma4: only this; --save-gemma4-config=DIR also writes the config.json
+transformers saves for it) with Gemma4ForCausalLM: each document alone, the loss and a cached decode.
 
 Prints the largest relative difference per quantity and exits 1 if any exceeds 1e-5 (the fixtures are float32).
 """
@@ -203,16 +205,51 @@ def mixtures_of_experts():
         compare(f"{name} router aux loss", aux, ref["aux_loss"])
 
 
+def gemma4(saved_config=None):
+    """gemma4_text (Gemma4ForCausalLM): each document of the batch alone, the loss, and row 0 decoded through
+    transformers' cache one token at a time after a prompt of 3 (its sliding layers' cache past the window of 4,
+    its shared layers reading the keys of layers 2 and 3) against the recomputed reference. With saved_config, the
+    fixture's config as transformers writes it back (save_pretrained) goes there, for lmtune's parser test."""
+    d = os.path.join(ROOT, "tests", "models", "fixtures", "gemma4_text")
+    ref = load_file(os.path.join(d, "reference.safetensors"))
+    ids, docs = ref["ids"].long(), ref["doc_ids"]
+    model = fresh_model(d)
+    logits = torch.zeros(ref["logits"].shape, dtype=torch.float64)
+    with torch.no_grad():
+        for b in range(ids.shape[0]):
+            for doc in docs[b].unique():
+                cols = (docs[b] == doc).nonzero().flatten()
+                logits[b, cols] = model(input_ids=ids[b:b + 1, cols]).logits[0]
+        compare("gemma4_text logits", logits, ref["logits"])
+        targets = ref["targets"].long()
+        keep = targets != -100
+        compare("gemma4_text loss", F.cross_entropy(logits[keep], targets[keep]), ref["loss"])
+        P = 3
+        out = model(input_ids=ids[:1, :P], use_cache=True)
+        steps = [out.logits[0, -1]]
+        for t in range(P, ids.shape[1]):
+            out = model(input_ids=ids[:1, t:t + 1], past_key_values=out.past_key_values, use_cache=True)
+            steps.append(out.logits[0, -1])
+        compare("gemma4_text cached generate logits", torch.stack(steps), ref["logits"][0, P - 1:])
+    if saved_config:
+        model.config.save_pretrained(saved_config)
+
+
 def main():
     torch.manual_seed(0)
     only_rope = "--rope" in sys.argv[1:]
     only_moe = "--moe" in sys.argv[1:]
-    if not only_rope and not only_moe:
+    only_gemma4 = "--gemma4" in sys.argv[1:]
+    saved = next((a.split("=", 1)[1] for a in sys.argv[1:] if a.startswith("--save-gemma4-config=")), None)
+    if only_gemma4:
+        gemma4(saved)
+    if not only_rope and not only_moe and not only_gemma4:
         preference()
         logprobs()
-    if not only_moe:
+        gemma4(saved)
+    if not only_moe and not only_gemma4:
         rope_scaling()
-    if not only_rope:
+    if not only_rope and not only_gemma4:
         mixtures_of_experts()
     bad = False
     for what, err in worst.items():

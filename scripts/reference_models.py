@@ -4,8 +4,8 @@
 Run with Debian's PyTorch:  /usr/bin/python3 scripts/reference_models.py [--out tests/models/fixtures]
 
 For each architecture (llama, llama3 with llama3 rope scaling, mistral, qwen2 with q/k/v biases, qwen3,
-gemma2, gemma3_text; llama_yarn, qwen2_longrope and llama_dynamic for the rope scalings; mixtral and qwen3_moe,
-mixtures of experts) it writes a tiny random
+gemma2, gemma3_text, gemma4_text; llama_yarn, qwen2_longrope and llama_dynamic for the rope scalings; mixtral
+and qwen3_moe, mixtures of experts) it writes a tiny random
 checkpoint in HuggingFace layout (config.json + model.safetensors, written by the standard-library safetensors
 writer below; mistral is sharded with an index) and reference.safetensors
 holding the inputs (ids, positions, doc_ids, targets) and the outputs of the PyTorch model written here from the
@@ -202,6 +202,8 @@ def load_balancing_loss(router_logits, E, k):
 
 def forward(spec, p, ids, positions, doc_ids, token_seq_len=None, router_logits=None):
     a = spec["arch"]
+    if a.get("gemma4"):
+        return gemma4_forward(a, p, ids, positions, doc_ids)
     B, T = ids.shape
     H, KV, D = a["heads"], a["kv_heads"], a["head_dim"]
     gemma, one_plus = a["gemma"], a["gemma"]
@@ -256,6 +258,134 @@ def forward(spec, p, ids, positions, doc_ids, token_seq_len=None, router_logits=
     if a["final_softcap"]:
         logits = a["final_softcap"] * torch.tanh(logits / a["final_softcap"])
     return logits
+
+
+def proportional_inv_freq(theta, fraction, dim):
+    """transformers' _compute_proportional_rope_parameters: the head's first floor(fraction * dim / 2) pairs at
+    base^(-2i / dim), the others frequency 0 (cos 1, sin 0: they pass through)."""
+    angles = int(fraction * dim // 2)
+    inv = torch.zeros(dim // 2)
+    inv[:angles] = 1.0 / (theta ** (torch.arange(0, 2 * angles, 2, dtype=torch.float64) / dim))
+    return inv
+
+
+def gemma4_forward(a, p, ids, positions, doc_ids):
+    """Gemma4TextModel + Gemma4ForCausalLM, from the transformers 5 modeling file: plain-weight norms, value
+    norms without a weight, unscaled scores, full layers with their own head size and (k_eq_v) the keys as values,
+    the last layers attending to the keys and values of the last earlier layer of their type, per-layer inputs
+    (PLE), layer scalars, final soft-capping."""
+    B, T = ids.shape
+    L, P, Hh, eps = a["layers"], a["ple"], a["heads"], a["eps"]
+    x = p["model.embed_tokens.weight"][ids] * math.sqrt(a["hidden"])
+    ple = None
+    if P:
+        own = (p["model.embed_tokens_per_layer.weight"][ids] * math.sqrt(P)).reshape(B, T, L, P)
+        proj = (x @ p["model.per_layer_model_projection.weight"].T) * a["hidden"] ** -0.5
+        proj = rms_norm(proj.reshape(B, T, L, P), p["model.per_layer_projection_norm.weight"], eps, False)
+        ple = (proj + own) * 2 ** -0.5
+    i = torch.arange(T)
+    causal = i[:, None] >= i[None, :]
+    same_doc = doc_ids[:, :, None] == doc_ids[:, None, :]
+    stored = {}
+    for l in range(L):
+        pre = f"model.layers.{l}."
+        D, KVl, src = a["head_dims"][l], a["kv_heads_per_layer"][l], a["kv_source"][l]
+        mask = causal[None] & same_doc
+        if a["windows"][l]:
+            mask = mask & ((i[:, None] - i[None, :]) < a["windows"][l])[None]
+        inv = a["inv_freqs"][l]
+        h = rms_norm(x, p[pre + "input_layernorm.weight"], eps, False)
+        q = (h @ p[pre + "self_attn.q_proj.weight"].T).view(B, T, Hh, D)
+        q = apply_rope(rms_norm(q, p[pre + "self_attn.q_norm.weight"], eps, False), positions, inv)
+        if src >= 0:
+            k, v = stored[src]
+        else:
+            k = (h @ p[pre + "self_attn.k_proj.weight"].T).view(B, T, KVl, D)
+            v = k if a["k_eq_v"][l] else (h @ p[pre + "self_attn.v_proj.weight"].T).view(B, T, KVl, D)
+            k = apply_rope(rms_norm(k, p[pre + "self_attn.k_norm.weight"], eps, False), positions, inv)
+            v = v * torch.rsqrt(v.pow(2).mean(-1, keepdim=True) + eps)
+            stored[l] = (k, v)
+        rep = Hh // k.shape[2]
+        kk, vv = k.repeat_interleave(rep, dim=2), v.repeat_interleave(rep, dim=2)
+        s = torch.einsum("bthd,bshd->bhts", q, kk).masked_fill(~mask[:, None], float("-inf"))
+        o = torch.einsum("bhts,bshd->bthd", torch.softmax(s, -1), vv).reshape(B, T, Hh * D)
+        o = o @ p[pre + "self_attn.o_proj.weight"].T
+        x = x + rms_norm(o, p[pre + "post_attention_layernorm.weight"], eps, False)
+        h = rms_norm(x, p[pre + "pre_feedforward_layernorm.weight"], eps, False)
+        m = act(a["act"], h @ p[pre + "mlp.gate_proj.weight"].T) * (h @ p[pre + "mlp.up_proj.weight"].T)
+        m = m @ p[pre + "mlp.down_proj.weight"].T
+        x = x + rms_norm(m, p[pre + "post_feedforward_layernorm.weight"], eps, False)
+        if P:
+            g = act(a["act"], x @ p[pre + "per_layer_input_gate.weight"].T) * ple[:, :, l]
+            g = g @ p[pre + "per_layer_projection.weight"].T
+            x = x + rms_norm(g, p[pre + "post_per_layer_input_norm.weight"], eps, False)
+        x = x * p[pre + "layer_scalar"]
+    x = rms_norm(x, p["model.norm.weight"], eps, False)
+    logits = x @ p["model.embed_tokens.weight"].T
+    cap = a["final_softcap"]
+    return cap * torch.tanh(logits / cap) if cap else logits
+
+
+def gemma4_fixture(arch):
+    """Six layers (sliding, full, sliding, full, sliding, full; window 4), sliding heads of 16 and full heads of 32
+    with one key/value head whose keys are also its values (attention_k_eq_v), proportional rope on a quarter of
+    the full heads, the last two layers sharing the keys and values of layers 2 and 3 with double-wide MLPs,
+    per-layer inputs of 8, final soft-capping."""
+    L, P, D, GD = 6, 8, 16, 32
+    types = ["sliding_attention", "full_attention"] * 3
+    cfg = base_config("gemma4_text", "Gemma4ForCausalLM", L, head_dim=D, global_head_dim=GD,
+                      num_global_key_value_heads=1, attention_k_eq_v=True, num_kv_shared_layers=2,
+                      use_double_wide_mlp=True, hidden_size_per_layer_input=P, vocab_size_per_layer_input=V,
+                      hidden_activation="gelu_pytorch_tanh", sliding_window=WINDOW, layer_types=types,
+                      final_logit_softcapping=3.0, tie_word_embeddings=True, rms_norm_eps=1e-6, pad_token_id=0,
+                      attention_bias=False, enable_moe_block=False,
+                      rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                                       "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25,
+                                                          "rope_theta": 1000000.0}})
+    full = [t == "full_attention" for t in types]
+    a = arch(L, gemma=True, gemma4=True, tied=True, head_dim=D, act="gelu_pytorch_tanh", eps=1e-6, final_softcap=3.0,
+             windows=[0 if f else WINDOW for f in full], ple=P,
+             head_dims=[GD if f else D for f in full], kv_heads_per_layer=[1 if f else KV for f in full],
+             k_eq_v=full, kv_source=[-1, -1, -1, -1, 2, 3], mlp_sizes=[I, I, I, I, 2 * I, 2 * I],
+             inv_freqs=[proportional_inv_freq(1e6, 0.25, GD) if f else 1.0 / (10000.0 ** (
+                 torch.arange(0, D, 2, dtype=torch.float64) / D)) for f in full])
+    return [("gemma4_text", cfg, a, {})]
+
+
+def gemma4_params(a, rnd):
+    """Gemma 4's tensors: norms near 1 (plain weights), layer scalars near but not at 1. The q and k norms are near
+    0.2: Gemma 4 does not scale scores by D^-1/2, and weights near 1 would peak the softmax so much that bf16
+    rounding of q and k alone would move the logits by a quarter (trained checkpoints learn small ones)."""
+    L, P, Hh = a["layers"], a["ple"], a["heads"]
+    norm = lambda n: rnd(n, std=0.1) + 1.0  # noqa: E731
+    p = {"model.embed_tokens.weight": rnd(V, C, std=0.25), "model.norm.weight": norm(C),
+         "model.embed_tokens_per_layer.weight": rnd(V, L * P, std=0.2),
+         "model.per_layer_model_projection.weight": rnd(L * P, C, std=C ** -0.5),
+         "model.per_layer_projection_norm.weight": norm(P)}
+    for l in range(L):
+        pre = f"model.layers.{l}."
+        D, KVl, Il = a["head_dims"][l], a["kv_heads_per_layer"][l], a["mlp_sizes"][l]
+        for n in ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",
+                  "post_feedforward_layernorm"):
+            p[pre + n + ".weight"] = norm(C)
+        # The per-layer input is normed after a projection from only P values: near 1, its rounding noise would
+        # dominate what bf16 gives (the bf16 test's tolerance is the other fixtures').
+        p[pre + "post_per_layer_input_norm.weight"] = norm(C) * 0.3
+        p[pre + "self_attn.q_proj.weight"] = rnd(Hh * D, C, std=C ** -0.5)
+        p[pre + "self_attn.q_norm.weight"] = norm(D) * 0.2
+        if a["kv_source"][l] < 0:
+            p[pre + "self_attn.k_proj.weight"] = rnd(KVl * D, C, std=C ** -0.5)
+            p[pre + "self_attn.k_norm.weight"] = norm(D) * 0.2
+            if not a["k_eq_v"][l]:
+                p[pre + "self_attn.v_proj.weight"] = rnd(KVl * D, C, std=C ** -0.5)
+        p[pre + "self_attn.o_proj.weight"] = rnd(C, Hh * D, std=(Hh * D) ** -0.5)
+        p[pre + "mlp.gate_proj.weight"] = rnd(Il, C, std=C ** -0.5)
+        p[pre + "mlp.up_proj.weight"] = rnd(Il, C, std=C ** -0.5)
+        p[pre + "mlp.down_proj.weight"] = rnd(C, Il, std=Il ** -0.5)
+        p[pre + "per_layer_input_gate.weight"] = rnd(P, C, std=C ** -0.5)
+        p[pre + "per_layer_projection.weight"] = rnd(C, P, std=P ** -0.5)
+        p[pre + "layer_scalar"] = rnd(1, std=0.1) + 1.0
+    return p
 
 
 def loss_fn(logits, targets):
@@ -349,6 +479,7 @@ def fixtures():
                      ropes=[g3_local, g3_global, g3_local]), {}))
     out += rope_scaling_fixtures(arch)
     out += moe_fixtures(arch)
+    out += gemma4_fixture(arch)
     return out
 
 
@@ -457,6 +588,9 @@ def make_params(a, gen):
     def norm(n):  # weights near 1 (or near 0 for Gemma's (1 + w)) but not exactly, so mistakes show
         return rnd(n, std=0.1) + (0.0 if a["gemma"] else 1.0)
 
+    if a.get("gemma4"):
+        return gemma4_params(a, rnd)
+
     p = {"model.embed_tokens.weight": rnd(V, C, std=0.25 if a["tied"] else 1.0), "model.norm.weight": norm(C)}
     if not a["tied"]:
         p["lm_head.weight"] = rnd(V, C, std=C ** -0.5)
@@ -512,6 +646,13 @@ def make_batch(gen):
 
 def grad_names(a):
     L = a["layers"]
+    if a.get("gemma4"):  # the embedding (tied), a full layer's k_eq_v keys, a shared layer's MLP, the PLE weights
+        return ["model.embed_tokens.weight", "model.layers.1.self_attn.k_proj.weight",
+                "model.layers.2.self_attn.v_proj.weight", "model.layers.5.mlp.down_proj.weight",
+                "model.layers.5.self_attn.q_proj.weight", "model.embed_tokens_per_layer.weight",
+                "model.per_layer_model_projection.weight", "model.layers.3.per_layer_input_gate.weight",
+                "model.layers.4.post_per_layer_input_norm.weight", "model.per_layer_projection_norm.weight",
+                "model.layers.1.self_attn.k_norm.weight", "model.norm.weight"]
     last_mlp = (f"model.layers.{L - 1}.mlp.experts.down_proj" if a.get("moe_layers", [False] * L)[L - 1]
                 else f"model.layers.{L - 1}.mlp.down_proj.weight")
     names = ["model.embed_tokens.weight", "model.layers.0.self_attn.q_proj.weight", last_mlp, "model.norm.weight"]

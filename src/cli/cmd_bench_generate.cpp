@@ -59,8 +59,11 @@ double bytes_per_step(const models::Decoder& d, double context) {
     }
   }
   const ModelConfig& c = d.config();
-  const double kv_bytes = 2.0 * double(c.num_key_value_heads * c.head_dim) * double(dtype_size(d.compute_dtype()));
-  return bytes + kv_bytes * double(c.layers.size()) * context;
+  double kv_per_token = 0;  // keys and values of every layer that stores its own
+  for (const LayerConfig& l : c.layers)
+    if (l.kv_source < 0)
+      kv_per_token += 2.0 * double(l.kv_heads * l.head_dim) * double(dtype_size(d.compute_dtype()));
+  return bytes + kv_per_token * context;
 }
 
 // Device memory bandwidth in GB/s: a bf16 add of two 256 MiB tensors (three tensors move).

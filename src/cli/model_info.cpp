@@ -56,6 +56,19 @@ void print_model_info(const std::string& model_dir, const ModelInfoOptions& opt)
               c.sliding_window ? (" " + std::to_string(*c.sliding_window)).c_str() : "");
   std::printf("  heads           %lld query, %lld key/value, head_dim %lld\n", (long long)c.num_attention_heads,
               (long long)c.num_key_value_heads, (long long)c.head_dim);
+  int64_t shared = 0;
+  for (const LayerConfig& l : c.layers) shared += l.kv_source >= 0;
+  for (const LayerConfig& l : c.layers)
+    if (l.head_dim != c.head_dim || l.kv_heads != c.num_key_value_heads) {
+      std::printf("  full layers     %lld key/value heads, head_dim %lld\n", (long long)l.kv_heads,
+                  (long long)l.head_dim);
+      break;
+    }
+  if (shared > 0)
+    std::printf("  shared k/v      the last %lld layers attend to earlier layers' keys\n", (long long)shared);
+  if (c.per_layer_input_size > 0)
+    std::printf("  per-layer input %lld per layer (vocabulary %lld)\n", (long long)c.per_layer_input_size,
+                (long long)c.per_layer_vocab_size);
   std::printf("  hidden          %lld, intermediate %lld, vocab %lld\n", (long long)c.hidden_size,
               (long long)c.intermediate_size, (long long)c.vocab_size);
   std::printf("  parameters      %lld (%.1fM)%s\n", (long long)params, double(params) / 1e6,

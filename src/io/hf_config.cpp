@@ -1,5 +1,6 @@
 // config.json parsing. Defaults per model_type mirror the transformers config classes (LlamaConfig,
-// MistralConfig, MixtralConfig, Qwen2Config, Qwen3Config, Qwen3MoeConfig, Gemma2Config, Gemma3TextConfig), so a
+// MistralConfig, MixtralConfig, Qwen2Config, Qwen3Config, Qwen3MoeConfig, Gemma2Config, Gemma3TextConfig,
+// Gemma4TextConfig), so a
 // config that omits a key means what it means to transformers (gemma-3 multimodal configs rely on this for their
 // text_config).
 #include "io/hf_config.h"
@@ -20,7 +21,8 @@ using nlohmann::json;
 
 namespace {
 
-enum class WindowRule { none, all_layers, qwen_upper_layers, gemma2_even_layers, gemma3_pattern };
+// gemma4_pattern: every 6th layer global and the last one global whatever layer_types says (transformers forces it).
+enum class WindowRule { none, all_layers, qwen_upper_layers, gemma2_even_layers, gemma3_pattern, gemma4_pattern };
 
 struct ModelDefaults {
   const char* model_type;
@@ -62,6 +64,8 @@ const ModelDefaults kModels[] = {
      WindowRule::gemma2_even_layers, true, false, false, true, false, 256, 50.0, 30.0, false},
     {"gemma3_text", 262208, 2304, 9216, 26, 8, 4, 256, 131072, 1e-6, "gelu_pytorch_tanh", true, 1e6, 4096,
      WindowRule::gemma3_pattern, true, true, false, true, false, 256, 0, 0, true},
+    {"gemma4_text", 262144, 2304, 9216, 30, 8, 4, 256, 131072, 1e-6, "gelu_pytorch_tanh", true, 10000.0, 512,
+     WindowRule::gemma4_pattern, true, true, false, true, false, 0, 0, 0, false},
 };
 
 // Read access to one JSON object with errors naming "<file>: key '<prefix><key>'". A key that is absent or
@@ -281,15 +285,20 @@ RopeConfig parse_rope(const Scope& d, const RopeContext& ctx) {
   } else if (type == "longrope") {
     r.type = RopeType::longrope;
     parse_longrope(d, ctx, r);
+  } else if (type == "proportional") {
+    r.type = RopeType::proportional;
+    r.factor = positive(d, "factor", d.opt_num("factor").value_or(1.0));
+    r.rotated_fraction = d.opt_num("partial_rotary_factor").value_or(1.0);
+    if (!(r.rotated_fraction > 0 && r.rotated_fraction <= 1)) d.fail("partial_rotary_factor", "must be in (0, 1]");
   } else {
-    d.fail(type_key,
-           "unsupported rope type '" + type + "' (supported: default, linear, llama3, dynamic, yarn, longrope)");
+    d.fail(type_key, "unsupported rope type '" + type +
+                         "' (supported: default, linear, llama3, dynamic, yarn, longrope, proportional)");
   }
   return r;
 }
 
 const ModelDefaults& find_model(const Scope& top, const std::string& model_type) {
-  std::string wanted = model_type == "gemma3" ? "gemma3_text" : model_type;
+  std::string wanted = model_type == "gemma3" ? "gemma3_text" : model_type == "gemma4" ? "gemma4_text" : model_type;
   for (const ModelDefaults& m : kModels)
     if (wanted == m.model_type) return m;
   std::string list;
@@ -323,6 +332,97 @@ void parse_moe(const Scope& s, ModelConfig& c) {
                               std::find(dense_layers.begin(), dense_layers.end(), i) == dense_layers.end();
 }
 
+// A per_layer_config entry (what transformers 5 writes for Gemma 4): the layer's head_dim / num_key_value_heads.
+void per_layer_override(const Scope& s, const std::string& key, const json& v, LayerConfig& l) {
+  if (!v.is_object()) s.fail("per_layer_config." + key, "expected an object, got " + json_type_name(v));
+  const Scope o(&v, s.where(), s.prefix() + "per_layer_config." + key + ".");
+  for (const auto& [name, value] : v.items())
+    if (name != "head_dim" && name != "num_key_value_heads")
+      o.fail(name, "unsupported per-layer setting (supported: head_dim, num_key_value_heads)");
+  l.head_dim = o.positive_int("head_dim", l.head_dim, 1024);
+  l.kv_heads = o.positive_int("num_key_value_heads", l.kv_heads, 1024);
+}
+
+// Gemma4TextConfig and Gemma4TextModel: plain-weight norms, unscaled attention scores (the q/k norms set the
+// scale), value norms, per-layer head sizes, shared key/value layers, the double-wide MLP, per-layer inputs and
+// the layer scalars.
+void parse_gemma4(const Scope& s, ModelConfig& c) {
+  const int64_t L = c.num_hidden_layers;
+  c.norm_style = NormStyle::weight;
+  c.attn_scale = 1.0f;
+  c.v_norm = true;
+  c.layer_scalar = true;
+  if (s.opt_bool("enable_moe_block").value_or(false))
+    s.fail("enable_moe_block", "Gemma 4's mixture-of-experts block is not supported yet (dense Gemma 4 models are)");
+  if (auto b = s.opt_str("use_bidirectional_attention"); b && *b == "all")
+    s.fail("use_bidirectional_attention", "bidirectional attention over text is not supported (\"vision\" is)");
+  c.attn_logit_softcapping = 0;  // Gemma 4 has none (a stray key is ignored, as transformers does)
+  const bool k_eq_v = s.opt_bool("attention_k_eq_v").value_or(false);
+  // Full layers' heads: global_head_dim (default 512) and, with attention_k_eq_v, num_global_key_value_heads;
+  // or per_layer_config, the form transformers writes back.
+  if (const json* per = s.get("per_layer_config")) {
+    if (!per->is_object()) s.fail("per_layer_config", "expected an object, got " + json_type_name(*per));
+    for (const auto& [key, v] : per->items()) {
+      size_t used = 0;
+      int64_t i = -1;
+      try {
+        i = std::stoll(key, &used);
+      } catch (const std::exception&) {
+      }
+      if (used != key.size() || i < 0 || i >= L)
+        s.fail("per_layer_config", "key '" + key + "' is not a layer index below " + std::to_string(L));
+      per_layer_override(s, key, v, c.layers[size_t(i)]);
+    }
+  } else {
+    const int64_t global_dim = s.positive_int("global_head_dim", 512, 1024);
+    const int64_t global_kv = k_eq_v ? s.positive_int("num_global_key_value_heads", c.num_key_value_heads, 1024)
+                                     : c.num_key_value_heads;
+    for (LayerConfig& l : c.layers)
+      if (l.attention == AttentionKind::full) {
+        l.head_dim = global_dim;
+        l.kv_heads = global_kv;
+      }
+  }
+  for (int64_t i = 0; i < L; ++i) {
+    LayerConfig& l = c.layers[size_t(i)];
+    if (l.head_dim % 2 != 0) s.fail("head_dim", "layer " + std::to_string(i) + "'s head size must be even");
+    if (c.num_attention_heads % l.kv_heads != 0)
+      s.fail("num_key_value_heads", "layer " + std::to_string(i) + ": " + std::to_string(l.kv_heads) +
+                                        " does not divide num_attention_heads");
+    l.rotary_dim = l.head_dim;
+    l.k_eq_v = k_eq_v && l.attention == AttentionKind::full;
+  }
+  // The last num_kv_shared_layers layers reuse the keys and values of the last earlier layer of their type.
+  const int64_t shared = s.opt_int("num_kv_shared_layers").value_or(0);
+  if (shared < 0 || shared >= L)
+    s.fail("num_kv_shared_layers", "must be at least 0 and below num_hidden_layers (" + std::to_string(L) + ")");
+  const int64_t first_shared = L - shared;
+  const bool double_wide = s.opt_bool("use_double_wide_mlp").value_or(false);
+  for (int64_t i = first_shared; i < L; ++i) {
+    LayerConfig& l = c.layers[size_t(i)];
+    int64_t j = first_shared - 1;
+    while (j >= 0 && c.layer_types[size_t(j)] != c.layer_types[size_t(i)]) --j;
+    if (j < 0)
+      s.fail("num_kv_shared_layers", "layer " + std::to_string(i) + " (" + c.layer_types[size_t(i)] +
+                                         ") shares keys and values, but no earlier layer of its type computes them");
+    const LayerConfig& src = c.layers[size_t(j)];
+    if (src.head_dim != l.head_dim || src.kv_heads != l.kv_heads)
+      s.fail("num_kv_shared_layers", "layer " + std::to_string(i) + " shares the keys of layer " + std::to_string(j) +
+                                         ", whose heads differ in size");
+    l.kv_source = int(j);
+    if (double_wide) l.intermediate_size = 2 * c.intermediate_size;
+  }
+  c.per_layer_input_size = s.opt_int("hidden_size_per_layer_input").value_or(256);
+  if (c.per_layer_input_size < 0 || c.per_layer_input_size > 65536)
+    s.fail("hidden_size_per_layer_input", "must be between 0 and 65536");
+  if (c.per_layer_input_size > 0)
+    c.per_layer_vocab_size = s.positive_int("vocab_size_per_layer_input", 262144, int64_t(1) << 24);
+  if (c.per_layer_input_size > 0 && c.per_layer_vocab_size < c.vocab_size)
+    s.fail("vocab_size_per_layer_input", std::to_string(c.per_layer_vocab_size) + " is below vocab_size " +
+                                             std::to_string(c.vocab_size) +
+                                             ": some tokens would have no per-layer input");
+}
+
 }  // namespace
 
 std::string_view activation_name(Activation a) {
@@ -336,7 +436,8 @@ std::string_view activation_name(Activation a) {
 
 const std::vector<std::string>& supported_model_types() {
   static const std::vector<std::string> types = {"llama", "mistral",     "mixtral", "qwen2", "qwen3",
-                                                 "qwen3_moe", "gemma2", "gemma3_text", "gemma3"};
+                                                 "qwen3_moe", "gemma2", "gemma3_text", "gemma3",
+                                                 "gemma4_text", "gemma4"};
   return types;
 }
 
@@ -349,8 +450,10 @@ ModelConfig parse_model_config(std::string_view json_text, const std::string& wh
   if (!model_type) top.fail("model_type", "missing");
   c.model_type = *model_type;
   const ModelDefaults& d = find_model(top, c.model_type);
-  // The multimodal gemma3 config keeps the language model's settings under text_config.
-  Scope s = c.model_type == "gemma3" ? top.sub("text_config") : top;
+  // The multimodal gemma3 / gemma4 configs keep the language model's settings under text_config.
+  const bool wrapper = c.model_type == "gemma3" || c.model_type == "gemma4";
+  Scope s = wrapper ? top.sub("text_config") : top;
+  const bool gemma4 = std::string_view(d.model_type) == "gemma4_text";
 
   if (const json* arch = top.get("architectures"); arch && arch->is_array() && !arch->empty() &&
                                                     (*arch)[0].is_string())
@@ -446,12 +549,15 @@ ModelConfig parse_model_config(std::string_view json_text, const std::string& wh
         case WindowRule::qwen_upper_layers: sliding = c.sliding_window.has_value() && i >= c.max_window_layers; break;
         case WindowRule::gemma2_even_layers: sliding = i % 2 == 0; break;
         case WindowRule::gemma3_pattern: sliding = (i + 1) % c.sliding_window_pattern != 0; break;
+        case WindowRule::gemma4_pattern: sliding = (i + 1) % 6 != 0; break;
       }
       c.layer_types.push_back(sliding ? "sliding_attention" : "full_attention");
     }
   }
+  if (d.window_rule == WindowRule::gemma4_pattern) c.layer_types.back() = "full_attention";
 
   // ---- rotary embedding ----
+  if (gemma4) c.rotary_dim = c.head_dim;  // each layer's rope covers its whole head (proportional pads with zeros)
   RopeContext rope_ctx{s.opt_num("rope_theta").value_or(d.rope_theta), c.max_position_embeddings, c.rotary_dim, &s};
   if (s.has("rope_parameters")) {
     Scope rp = s.sub("rope_parameters");
@@ -463,6 +569,12 @@ ModelConfig parse_model_config(std::string_view json_text, const std::string& wh
     } else {
       c.rope = parse_rope(rp, rope_ctx);
     }
+  } else if (gemma4) {
+    // Gemma4TextConfig's defaults: proportional rope over a quarter of the full layers' heads, base 1e6.
+    c.rope.type = RopeType::proportional;
+    c.rope.theta = 1e6;
+    c.rope.rotated_fraction = 0.25;
+    c.rope_local = RopeConfig{};
   } else {
     c.rope = parse_rope(s.sub("rope_scaling"), rope_ctx);
   }
@@ -485,6 +597,10 @@ ModelConfig parse_model_config(std::string_view json_text, const std::string& wh
     } else {
       l.rope = c.rope;
     }
+    l.head_dim = c.head_dim;
+    l.kv_heads = c.num_key_value_heads;
+    l.rotary_dim = c.rotary_dim;
+    l.intermediate_size = c.intermediate_size;
   }
 
   // ---- structure ----
@@ -493,8 +609,9 @@ ModelConfig parse_model_config(std::string_view json_text, const std::string& wh
   c.qk_norm = d.qk_norm;
   c.sandwich_norms = d.gemma;
   if (c.model_type == "mixtral" || c.model_type == "qwen3_moe") parse_moe(s, c);
+  if (gemma4) parse_gemma4(s, c);
 
-  // Token ids may sit in text_config or at the top level (gemma3).
+  // Token ids may sit in text_config or at the top level (gemma3, gemma4).
   const Scope& eos_scope = s.has("eos_token_id") ? s : top;
   c.eos_token_ids = eos_scope.int_list("eos_token_id");
   // Generation stops on these ids: one outside the vocabulary would never be produced.

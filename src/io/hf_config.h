@@ -14,8 +14,9 @@
 namespace lmtune {
 
 // Rotary embedding frequency schemes (transformers' rope_type). `standard` is transformers' "default".
-enum class RopeType { standard, linear, llama3, dynamic, yarn, longrope };
-std::string_view rope_type_name(RopeType t);  // "default", "linear", "llama3", "dynamic", "yarn", "longrope"
+enum class RopeType { standard, linear, llama3, dynamic, yarn, longrope, proportional };
+// "default", "linear", "llama3", "dynamic", "yarn", "longrope", "proportional"
+std::string_view rope_type_name(RopeType t);
 
 struct RopeConfig {
   double theta = 10000.0;         // rope_theta (base)
@@ -32,6 +33,9 @@ struct RopeConfig {
   double beta_fast = 32.0, beta_slow = 1.0;  // yarn: the ramp between extrapolated and interpolated frequencies
   bool truncate = true;                      // yarn: round the ramp's ends to whole dimensions
   std::vector<double> short_factor, long_factor;  // longrope: one per frequency (rotary_dim / 2)
+  // proportional (Gemma 4's full layers): the first floor(fraction · D / 2) pairs of the whole head rotate with
+  // base^(-2i / D), the others get frequency 0 (pass through); D is the rotary dimension given to rope_inv_freq.
+  double rotated_fraction = 1.0;
   // llama.cpp's rope_freqs.weight (GGUF models only): frequency i is divided by freq_factors[i]; empty = none.
   std::vector<float> freq_factors;
   bool operator==(const RopeConfig&) const = default;
@@ -44,7 +48,8 @@ bool rope_depends_on_length(const RopeConfig& rope);
 // Inverse frequencies [rotary_dim / 2] for positions, in f32 as transformers computes them
 // (_compute_default_rope_parameters, _compute_linear_scaling_rope_parameters as inv_freq / factor,
 // _compute_llama3_parameters, _compute_dynamic_ntk_parameters, _compute_yarn_parameters,
-// _compute_longrope_parameters), then divided by rope.freq_factors where given. `seq_len` is the forward call's
+// _compute_longrope_parameters, _compute_proportional_rope_parameters), then divided by rope.freq_factors
+// where given. `seq_len` is the forward call's
 // largest position + 1: dynamic grows its base once seq_len passes original_max_pos, longrope takes long_factor
 // then (short_factor otherwise); the other types ignore it. Throws ConfigError if rotary_dim is not positive and
 // even, or freq_factors / short_factor / long_factor have another length than rotary_dim / 2.
@@ -60,6 +65,14 @@ struct LayerConfig {
   bool moe = false;            // the MLP is a mixture of experts (ModelConfig::num_experts), else dense
   int64_t sliding_window = 0;  // > 0 on sliding layers: key j is visible from query i iff i - j < window
   RopeConfig rope;             // gemma3 sliding layers use rope_local_base_freq
+  // Attention shape: ModelConfig's head_dim, num_key_value_heads and rotary_dim, except where a layer type
+  // overrides them (Gemma 4's full layers: global_head_dim, num_global_key_value_heads).
+  int64_t head_dim = 0, kv_heads = 0, rotary_dim = 0;
+  int64_t intermediate_size = 0;  // the dense MLP's (Gemma 4's double-wide MLP: twice ModelConfig's)
+  // Gemma 4: the layer attends to the keys and values of layer kv_source (the last earlier layer of its type
+  // that computes its own) and has no k/v projections; -1: its own.
+  int kv_source = -1;
+  bool k_eq_v = false;  // Gemma 4's attention_k_eq_v on full layers: the values are the key projection (no v_proj)
 };
 
 // How RMSNorm applies its weight: x̂ * w, or x̂ * (1 + w) (Gemma; weights are stored as offsets from 1).
@@ -111,9 +124,16 @@ struct ModelConfig {
                              // activation dtype by transformers)
   NormStyle norm_style = NormStyle::weight;
   bool qk_norm = false;        // RMSNorm over head_dim on q and k before rope (qwen3, gemma3)
-  bool sandwich_norms = false; // gemma2/3: post_attention_layernorm normalizes the attention output and
+  bool sandwich_norms = false; // gemma2/3/4: post_attention_layernorm normalizes the attention output and
                                // pre_/post_feedforward_layernorm wrap the MLP; otherwise
                                // post_attention_layernorm is the pre-MLP norm (Llama naming)
+  bool v_norm = false;         // gemma4: RMSNorm without a weight over each value head
+  bool layer_scalar = false;   // gemma4: each layer's output is multiplied by its layer_scalar [1]
+  // gemma4's per-layer inputs (PLE): each layer i adds ple_proj(act(ple_gate(x)) · p_i), normed, where p_i is
+  // a slice of a per-token embedding of per_layer_input_size · layers values (vocabulary per_layer_vocab_size)
+  // mixed with a projection of the embedded tokens. 0: none.
+  int64_t per_layer_input_size = 0;
+  int64_t per_layer_vocab_size = 0;
 
   // Mixture of experts (mixtral, qwen3_moe): on layers with LayerConfig::moe a router picks, per token, the
   // experts_per_token most probable of num_experts SwiGLU experts (each of moe_intermediate_size) and sums their

@@ -99,6 +99,17 @@ std::vector<float> longrope_inv_freq(const RopeConfig& rope, int dim, int64_t se
   return inv;
 }
 
+// Proportional (Gemma 4): the head's first floor(fraction · dim / 2) frequencies as the default type's over the
+// whole head dimension, the rest 0 (those pairs do not rotate), all divided by factor.
+std::vector<float> proportional_inv_freq(const RopeConfig& rope, int dim) {
+  const int64_t angles = int64_t(std::floor(rope.rotated_fraction * double(dim) / 2.0));
+  std::vector<float> inv(size_t(dim / 2), 0.0f);
+  for (int64_t i = 0; i < angles && i < dim / 2; ++i)
+    inv[size_t(i)] = 1.0f / pow_f32(float(rope.theta), float(2 * i) / float(dim));
+  for (float& f : inv) f /= float(rope.factor);
+  return inv;
+}
+
 }  // namespace
 
 std::string_view rope_type_name(RopeType t) {
@@ -109,6 +120,7 @@ std::string_view rope_type_name(RopeType t) {
     case RopeType::dynamic: return "dynamic";
     case RopeType::yarn: return "yarn";
     case RopeType::longrope: return "longrope";
+    case RopeType::proportional: return "proportional";
   }
   return "?";
 }
@@ -135,6 +147,7 @@ std::vector<float> rope_inv_freq(const RopeConfig& rope, int rotary_dim, int64_t
     case RopeType::dynamic: inv = dynamic_inv_freq(rope, rotary_dim, seq_len); break;
     case RopeType::yarn: inv = yarn_inv_freq(rope, rotary_dim); break;
     case RopeType::longrope: inv = longrope_inv_freq(rope, rotary_dim, seq_len); break;
+    case RopeType::proportional: inv = proportional_inv_freq(rope, rotary_dim); break;
   }
   if (!rope.freq_factors.empty()) {
     if (rope.freq_factors.size() != inv.size())

@@ -91,9 +91,10 @@ std::vector<NamedLinear> named_linears(DecoderWeights& w) {
   for (size_t i = 0; i < w.layers.size(); ++i) {
     std::string p = "model.layers." + std::to_string(i) + ".";
     LayerWeights& l = w.layers[i];
+    auto has = [](const Linear& lin) { return lin.weight.defined() || lin.qweight.defined(); };
     out.push_back({p + "self_attn.q_proj", "q_proj", &l.attn.q});
-    out.push_back({p + "self_attn.k_proj", "k_proj", &l.attn.k});
-    out.push_back({p + "self_attn.v_proj", "v_proj", &l.attn.v});
+    if (has(l.attn.k)) out.push_back({p + "self_attn.k_proj", "k_proj", &l.attn.k});  // Gemma 4: shared layers
+    if (has(l.attn.v)) out.push_back({p + "self_attn.v_proj", "v_proj", &l.attn.v});  // and k_eq_v have none
     out.push_back({p + "self_attn.o_proj", "o_proj", &l.attn.o});
     if (!l.mlp.gate.weight.defined() && !l.mlp.gate.qweight.defined()) continue;  // experts instead of an MLP
     out.push_back({p + "mlp.gate_proj", "gate_proj", &l.mlp.gate});

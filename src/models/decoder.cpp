@@ -2,18 +2,22 @@
 //
 // One layer, with x the residual stream [B, T, C]:
 //   h = norm(x, input_norm)
-//   q, k, v = q_proj(h), k_proj(h), v_proj(h)            heads split: [B, T, H|KV, D]
-//   q, k = norm(q, q_norm), norm(k, k_norm)               qk_norm (Qwen3, Gemma 3), over D
+//   q, k, v = q_proj(h), k_proj(h), v_proj(h)            heads split: [B, T, H|KV, D] (D, KV per layer)
+//   q, k = norm(q, q_norm), norm(k, k_norm)               qk_norm (Qwen3, Gemma 3/4), over D
+//   v = norm(v)                                           v_norm (Gemma 4: no weight)
 //   q, k = rope(q), rope(k)                              per-layer inverse frequencies
-//   a = attention(q, k, v)                               causal, window, soft-cap, GQA, documents, cache
-//   a = o_proj(a);  a = norm(a, post_attn_norm)           the latter with sandwich norms (Gemma 2/3)
+//   a = attention(q, k, v)                               causal, window, soft-cap, GQA, documents, cache;
+//                                                        Gemma 4's shared layers take an earlier layer's k, v
+//   a = o_proj(a);  a = norm(a, post_attn_norm)           the latter with sandwich norms (Gemma 2/3/4)
 //   x = x + a
 //   h = norm(x, pre_mlp_norm)
 //   m = down_proj(act(gate_proj(h)) * up_proj(h));  m = norm(m, post_mlp_norm)   (sandwich norms)
 //       or, on a mixture-of-experts layer, the routed experts' weighted sum (models/moe.h)
 //   x = x + m
+//   x = x + norm(ple_proj(act(ple_gate(x)) * p_i), ple_norm)   Gemma 4's per-layer input p_i
+//   x = x * layer_scalar                                  Gemma 4
 // followed by the final norm, lm_head and optional final soft-capping. Norms are RMSNorm with weight w or
-// (1 + w) (Gemma). The embedding is scaled by sqrt(C) for Gemma, the scale rounded to the compute dtype as
+// (1 + w) (Gemma 2/3). The embedding is scaled by sqrt(C) for Gemma, the scale rounded to the compute dtype as
 // transformers does.
 #include "models/decoder.h"
 
@@ -73,7 +77,7 @@ std::vector<Tensor> LayerWeights::trainable() const {
     if (t.defined() && t.requires_grad()) out.push_back(t);
   };
   for (const Tensor* t : {&input_norm, &post_attn_norm, &pre_mlp_norm, &post_mlp_norm, &attn.q_norm, &attn.k_norm,
-                          &moe.router, &moe.gate_up, &moe.down})
+                          &moe.router, &moe.gate_up, &moe.down, &ple_gate.weight, &ple_proj.weight, &ple_norm})
     add(*t);
   for (const auto* adapters : {&moe.gate_up_adapters, &moe.down_adapters})
     for (const ExpertAdapter& a : *adapters) {
@@ -97,6 +101,9 @@ std::vector<Tensor> DecoderWeights::trainable() {
     if (t.defined() && t.requires_grad()) out.push_back(t);
   };
   add(embed);
+  add(ple_embed);
+  add(ple_model_proj.weight);
+  add(ple_proj_norm);
   for (const LayerWeights& l : layers)
     for (const Tensor& t : l.trainable()) out.push_back(t);
   add(final_norm);
@@ -111,14 +118,15 @@ KvCache::KvCache(const ModelConfig& config, int64_t batch, DType dtype, Device d
                  bool bound_sliding)
     : layers_(size_t(config.num_hidden_layers)),
       batch_(batch),
-      kv_heads_(config.num_key_value_heads),
-      head_dim_(config.head_dim),
       chunk_(chunk > 0 ? chunk : 256),
       dtype_(dtype),
       device_(device) {
   for (size_t i = 0; i < layers_.size(); ++i) {
     const LayerConfig& lc = config.layers[i];
     if (bound_sliding && lc.attention == AttentionKind::sliding) layers_[i].window = lc.sliding_window;
+    layers_[i].kv_heads = lc.kv_heads;
+    layers_[i].head_dim = lc.head_dim;
+    layers_[i].shared = lc.kv_source >= 0;
   }
 }
 
@@ -155,7 +163,7 @@ void KvCache::reserve(Layer& l, int64_t tokens) {
   int64_t capacity = l.k.defined() ? l.k.dim(1) : 0;
   if (tokens <= capacity) return;
   int64_t grown = (tokens + chunk_ - 1) / chunk_ * chunk_;
-  Shape shape{batch_, grown, kv_heads_, head_dim_};
+  Shape shape{batch_, grown, l.kv_heads, l.head_dim};
   Tensor k = Tensor::empty(shape, dtype_, device_), v = Tensor::empty(shape, dtype_, device_);
   if (l.used > 0) {
     copy_into(Slice(1, 0, l.used, 1).apply_to(k), Slice(1, 0, l.used, 1).apply_to(l.k));
@@ -168,10 +176,11 @@ void KvCache::reserve(Layer& l, int64_t tokens) {
 KvCache::Layer& KvCache::make_room(int layer, const Shape& keys) {
   if (layer < 0 || size_t(layer) >= layers_.size())
     throw ShapeError("kv cache: layer " + std::to_string(layer) + " out of range");
-  Shape expect{batch_, keys.size() == 4 ? keys[1] : 0, kv_heads_, head_dim_};
+  Layer& l = layers_[size_t(layer)];
+  if (l.shared) throw ShapeError("kv cache: layer " + std::to_string(layer) + " attends to another layer's keys");
+  Shape expect{batch_, keys.size() == 4 ? keys[1] : 0, l.kv_heads, l.head_dim};
   if (keys != expect)
     throw ShapeError("kv cache: expected keys/values " + to_string(expect) + ", got " + to_string(keys));
-  Layer& l = layers_[size_t(layer)];
   // A bounded sliding layer drops what no future query can see: keep the last window - 1 tokens.
   if (l.window > 0 && l.used > l.window - 1) {
     int64_t keep = l.window - 1;
@@ -247,11 +256,14 @@ void KvCache::regroup(const std::vector<RowRef>& rows) {
     if (rows[i].row < 0 || rows[i].row >= src.batch_)
       throw ShapeError("kv cache: regroup of row " + std::to_string(rows[i].row) + " of a batch of " +
                        std::to_string(src.batch_));
-    if (src.layers_.size() != layers_.size() || src.kv_heads_ != kv_heads_ || src.head_dim_ != head_dim_ ||
-        src.dtype_ != dtype_ || src.device_ != device_)
+    bool same_shapes = src.layers_.size() == layers_.size();
+    for (size_t li = 0; same_shapes && li < layers_.size(); ++li)
+      same_shapes = src.layers_[li].kv_heads == layers_[li].kv_heads &&
+                    src.layers_[li].head_dim == layers_[li].head_dim && src.layers_[li].shared == layers_[li].shared;
+    if (!same_shapes || src.dtype_ != dtype_ || src.device_ != device_)
       throw ShapeError("kv cache: regroup across caches of different models, dtypes or devices");
     for (const Layer& l : src.layers_)
-      if (l.window > 0 || l.used != src.length_)
+      if (!l.shared && (l.window > 0 || l.used != src.length_))
         throw ShapeError("kv cache: regroup needs caches that keep every token (bound_sliding = false)");
     int64_t first = 0;
     if (src.padded_) {
@@ -266,10 +278,14 @@ void KvCache::regroup(const std::vector<RowRef>& rows) {
   // Zero-filled: padding keys and values are masked out of the softmax, but 0 · NaN would still poison a sum.
   std::vector<Layer> layers(layers_.size());
   std::vector<std::vector<uint8_t>> valid(static_cast<size_t>(n));
-  for (size_t li = 0; li < layers_.size() && n > 0; ++li) {
+  for (size_t li = 0; li < layers_.size(); ++li) {
     Layer& dst = layers[li];
-    dst.k = Tensor::zeros({n, capacity, kv_heads_, head_dim_}, dtype_, device_);
-    dst.v = Tensor::zeros({n, capacity, kv_heads_, head_dim_}, dtype_, device_);
+    dst.kv_heads = layers_[li].kv_heads;
+    dst.head_dim = layers_[li].head_dim;
+    dst.shared = layers_[li].shared;
+    if (n == 0 || dst.shared) continue;
+    dst.k = Tensor::zeros({n, capacity, dst.kv_heads, dst.head_dim}, dtype_, device_);
+    dst.v = Tensor::zeros({n, capacity, dst.kv_heads, dst.head_dim}, dtype_, device_);
     dst.used = L;
     for (int64_t i = 0; i < n; ++i) {
       const int64_t e = extent[size_t(i)];
@@ -310,18 +326,32 @@ Decoder::Decoder(ModelConfig config, DecoderWeights weights, DType compute_dtype
     throw ConfigError("decoder: " + std::to_string(weights_.layers.size()) + " layers of weights for a config with " +
                       std::to_string(config_.num_hidden_layers) + " layers");
   // Layers with the same rope settings share one inverse-frequency tensor.
-  auto upload = [&](const RopeConfig& rope, int64_t seq_len) {
-    std::vector<float> f = rope_inv_freq(rope, int(config_.rotary_dim), seq_len);
+  auto upload = [&](const RopeConfig& rope, int64_t rotary_dim, int64_t seq_len) {
+    std::vector<float> f = rope_inv_freq(rope, int(rotary_dim), seq_len);
     return Tensor::from_floats(f, {int64_t(f.size())}, DType::f32, device());
   };
+  auto same_rope = [&](size_t i, size_t j) {
+    return config_.layers[j].rope == config_.layers[i].rope &&
+           config_.layers[j].rotary_dim == config_.layers[i].rotary_dim;
+  };
+  kv_provider_.assign(config_.layers.size(), false);
+  for (size_t i = 0; i < config_.layers.size(); ++i) {
+    const LayerConfig& lc = config_.layers[i];
+    if (lc.kv_source >= 0) kv_provider_[size_t(lc.kv_source)] = true;
+    const Tensor& scalar = weights_.layers[i].layer_scalar;
+    layer_scalars_.push_back(config_.layer_scalar && scalar.defined() ? scalar.to_floats().at(0) : 1.0f);
+    if (config_.v_norm && !unit_weights_.count(lc.head_dim))
+      unit_weights_[lc.head_dim] = Tensor::full({lc.head_dim}, 1.0f, DType::f32, device());
+  }
   for (size_t i = 0; i < config_.layers.size(); ++i) {
     const RopeConfig& rope = config_.layers[i].rope;
+    const int64_t rotary_dim = config_.layers[i].rotary_dim;
     size_t j = 0;
-    while (j < i && !(config_.layers[j].rope == rope)) ++j;
-    inv_freq_.push_back(j < i ? inv_freq_[j] : upload(rope, 0));
+    while (j < i && !same_rope(i, j)) ++j;
+    inv_freq_.push_back(j < i ? inv_freq_[j] : upload(rope, rotary_dim, 0));
     Tensor long_freq;
     if (rope.type == RopeType::longrope)
-      long_freq = j < i ? long_inv_freq_[j] : upload(rope, rope.original_max_pos + 1);
+      long_freq = j < i ? long_inv_freq_[j] : upload(rope, rotary_dim, rope.original_max_pos + 1);
     long_inv_freq_.push_back(long_freq);
     length_dependent_rope_ = length_dependent_rope_ || rope_depends_on_length(rope);
   }
@@ -340,11 +370,12 @@ std::vector<Tensor> Decoder::call_frequencies(const Tensor& positions) const {
       out[i] = long_inv_freq_[i];
     } else if (rope.type == RopeType::dynamic) {
       size_t j = 0;  // layers with the same rope share this call's tensor
-      while (j < i && !(config_.layers[j].rope == rope)) ++j;
+      const int64_t dim = config_.layers[i].rotary_dim;
+      while (j < i && !(config_.layers[j].rope == rope && config_.layers[j].rotary_dim == dim)) ++j;
       if (j < i) {
         out[i] = out[j];
       } else {
-        std::vector<float> f = rope_inv_freq(rope, int(config_.rotary_dim), seq_len);
+        std::vector<float> f = rope_inv_freq(rope, int(config_.layers[i].rotary_dim), seq_len);
         out[i] = Tensor::from_floats(f, {int64_t(f.size())}, DType::f32, device());
       }
     }
@@ -389,35 +420,53 @@ std::pair<Tensor, Tensor> rope_pair(const Tensor& q, const Tensor& k, const Tens
 
 }  // namespace
 
+namespace {
+// The projections a layer computes attention's inputs with: q, k and v; q and k where the values are the keys
+// (k_eq_v); q alone where the layer takes another's keys and values.
+template <typename Attention>
+std::vector<decltype(&std::declval<Attention&>().q)> attention_parts(Attention& a) {
+  auto has = [](const Linear& l) { return l.weight.defined() || l.qweight.defined(); };
+  std::vector<decltype(&a.q)> parts{&a.q};
+  if (has(a.k)) parts.push_back(&a.k);
+  if (has(a.v)) parts.push_back(&a.v);
+  return parts;
+}
+}  // namespace
+
 void fuse_projections(DecoderWeights& weights) {
   for (LayerWeights& l : weights.layers) {
-    l.attn.qkv = LinearGroup({&l.attn.q, &l.attn.k, &l.attn.v});
+    const std::vector<Linear*> parts = attention_parts(l.attn);
+    if (parts.size() > 1) l.attn.qkv = LinearGroup(parts);
     l.mlp.gate_up = LinearGroup({&l.mlp.gate, &l.mlp.up});  // stays undefined in expert layers (no dense MLP)
   }
 }
 
-Tensor Decoder::layer_forward(int index, const Tensor& x, const Tensor& positions, const Tensor& inv_freq,
-                              const ForwardOptions& options, Tensor* router_logits) const {
+std::pair<Tensor, KvCache::View> Decoder::attention_inputs(int index, const Tensor& h, const Tensor& positions,
+                                                           const Tensor& inv_freq, const ForwardOptions& options,
+                                                           const LayerIo& io) const {
   const LayerWeights& w = weights_.layers[size_t(index)];
   const LayerConfig& lc = config_.layers[size_t(index)];
-  const int64_t B = x.dim(0), T = x.dim(1);
-  const int64_t H = config_.num_attention_heads, KV = config_.num_key_value_heads, D = config_.head_dim;
-
-  // ---- attention ----
-  const Tensor h = norm(x, w.input_norm);
+  const int64_t B = h.dim(0), T = h.dim(1);
+  const int64_t H = config_.num_attention_heads, KV = lc.kv_heads, D = lc.head_dim;
+  const float rope_scale = float(lc.rope.attention_factor);
+  const std::vector<const Linear*> parts = attention_parts(w.attn);
   Tensor whole;  // the group's product [B, T, (H + 2 KV) D] where it takes q, k and v as one
-  const std::vector<Tensor> qkv = w.attn.qkv({&w.attn.q, &w.attn.k, &w.attn.v}, h, options.row_adapters, &whole);
+  const std::vector<Tensor> qkv = w.attn.qkv(parts, h, options.row_adapters, &whole);
   Tensor q = ops::reshape(qkv[0], {B, T, H, D});
+  if (config_.qk_norm) q = norm(q, w.attn.q_norm);
+  if (io.shared_kv) {  // Gemma 4: keys and values (and their cache view) are the source layer's
+    q = ops::rope(q, positions, inv_freq, ops::RopeLayout::half_split, rope_scale);
+    return {q, *io.shared_kv};
+  }
   Tensor k = ops::reshape(qkv[1], {B, T, KV, D});
-  Tensor v = ops::reshape(qkv[2], {B, T, KV, D});
+  Tensor v = lc.k_eq_v ? k : ops::reshape(qkv[2], {B, T, KV, D});
   Tensor qk;  // queries' and keys' heads side by side, where no q/k norm sits between the product and the rope
   if (config_.qk_norm) {
-    q = norm(q, w.attn.q_norm);
     k = norm(k, w.attn.k_norm);
   } else if (whole.defined()) {
     qk = ops::reshape(ops::slice(whole, -1, 0, (H + KV) * D), {B, T, H + KV, D});
   }
-  const float rope_scale = float(lc.rope.attention_factor);
+  if (config_.v_norm) v = ops::rms_norm(v, unit_weights_.at(D), float(config_.rms_norm_eps));
   // With a cache, the one [q | k] block of inference is rotated and its keys stored with the values in one op.
   const bool rotate_into_cache = options.cache && qk.defined() && !on_tape(qk) && !on_tape(v);
   KvCache::View view;
@@ -426,38 +475,55 @@ Tensor Decoder::layer_forward(int index, const Tensor& x, const Tensor& position
   } else {
     std::tie(q, k) = rope_pair(q, k, qk, positions, inv_freq, rope_scale);
     if (options.cache) view = options.cache->append(index, k, v);
+    else view = {k, v, 0, Tensor()};
   }
+  return {q, view};
+}
 
+Tensor Decoder::layer_forward(int index, const Tensor& x, const Tensor& positions, const Tensor& inv_freq,
+                              const ForwardOptions& options, const LayerIo& io) const {
+  const LayerWeights& w = weights_.layers[size_t(index)];
+  const LayerConfig& lc = config_.layers[size_t(index)];
+  const int64_t B = x.dim(0), T = x.dim(1);
+
+  // ---- attention ----
+  auto [q, view] = attention_inputs(index, norm(x, w.input_norm), positions, inv_freq, options, io);
+  if (io.kv_out) *io.kv_out = view;
   ops::AttentionOptions ao;
   ao.scale = config_.attn_scale;
   ao.causal = true;
   ao.window = lc.attention == AttentionKind::sliding ? lc.sliding_window : 0;
   ao.softcap = float(config_.attn_logit_softcapping);
   ao.doc_ids = options.doc_ids;
-  if (options.cache) {
-    k = view.k;
-    v = view.v;
-    ao.q_offset = view.q_offset;
-    ao.key_mask = view.key_mask;
-  } else if (options.attend_mask.defined()) {
-    ao.key_mask = options.attend_mask;
-  }
+  ao.q_offset = view.q_offset;
+  ao.key_mask = options.cache ? view.key_mask : options.attend_mask;
   // x + o_proj(a): the sum in the product's epilogue where it can be (Linear::add_to); sandwich norms come first.
-  const Tensor a = ops::reshape(ops::attention(q, k, v, ao), {B, T, H * D});
+  const int64_t HD = config_.num_attention_heads * lc.head_dim;
+  const Tensor a = ops::reshape(ops::attention(q, view.k, view.v, ao), {B, T, HD});
   const Tensor r = config_.sandwich_norms ? ops::add(x, norm(w.attn.o(a, options.row_adapters), w.post_attn_norm))
                                           : w.attn.o.add_to(x, a, options.row_adapters);
 
-  return mlp_forward(w, lc, norm(r, w.pre_mlp_norm), r, options, router_logits);
+  Tensor y = mlp_forward(w, lc, norm(r, w.pre_mlp_norm), r, options, io.router_logits);
+  if (io.per_layer_input.defined()) {
+    const Tensor g = ops::gated_activation(w.ple_gate(y), io.per_layer_input, gate_activation());
+    y = ops::add(y, norm(w.ple_proj(g), w.ple_norm));
+  }
+  const float scalar = layer_scalars_[size_t(index)];
+  return scalar == 1.0f ? y : ops::scale(y, scalar);
+}
+
+ops::GateActivation Decoder::gate_activation() const {
+  switch (config_.hidden_act) {
+    case Activation::silu: return ops::GateActivation::silu;
+    case Activation::gelu_tanh: return ops::GateActivation::gelu_tanh;
+    case Activation::gelu_erf: return ops::GateActivation::gelu_erf;
+  }
+  return ops::GateActivation::silu;
 }
 
 Tensor Decoder::mlp_forward(const LayerWeights& w, const LayerConfig& lc, const Tensor& h, const Tensor& r,
                             const ForwardOptions& options, Tensor* router_logits) const {
-  ops::GateActivation act = ops::GateActivation::silu;
-  switch (config_.hidden_act) {
-    case Activation::silu: act = ops::GateActivation::silu; break;
-    case Activation::gelu_tanh: act = ops::GateActivation::gelu_tanh; break;
-    case Activation::gelu_erf: act = ops::GateActivation::gelu_erf; break;
-  }
+  const ops::GateActivation act = gate_activation();
   if (lc.moe) {
     Tensor m = moe_mlp(w.moe, h, config_, act, router_logits, options.row_adapters);
     return ops::add(r, config_.sandwich_norms ? norm(m, w.post_mlp_norm) : m);
@@ -496,37 +562,88 @@ Tensor Decoder::forward_hidden(const Tensor& ids, const Tensor& positions, const
 
   Tensor x = ops::cast(ops::embedding(weights_.embed, ids), compute_dtype_);
   if (config_.embed_scale != 1.0f) x = ops::scale(x, round_to(config_.embed_scale, compute_dtype_));
+  const Tensor ple = per_layer_inputs(ids, x);
 
   const std::vector<Tensor> inv_freq = call_frequencies(positions);
   const bool checkpointing = options.checkpoint_layers && grad_enabled() && !options.cache;
   const int layers = int(weights_.layers.size());
+  // Keys and values of the layers that later layers attend to (Gemma 4).
+  std::vector<KvCache::View> kv(static_cast<size_t>(layers));
   for (int i = 0; i < layers; ++i) {
+    const LayerConfig& lc = config_.layers[size_t(i)];
     // Expert layers hand their router logits out when the load-balancing loss wants them.
-    const bool wants_logits = options.router_logits && config_.layers[size_t(i)].moe;
-    Tensor logits;
+    const bool wants_logits = options.router_logits && lc.moe;
+    const bool provides = kv_provider_[size_t(i)], shares = lc.kv_source >= 0;
+    Tensor logits, p_i;
+    if (ple.defined()) p_i = ops::reshape(ops::slice(ple, 2, i, i + 1), {ids.dim(0), ids.dim(1), ple.dim(3)});
     if (checkpointing && i < layers - options.unchecked_layers) {
-      // The recomputation runs during backward, after this call returns: capture by value.
+      // The recomputation runs during backward, after this call returns: capture by value. Inputs: x, then the
+      // per-layer input and the shared keys and values where there are; outputs: y, then the router logits and
+      // the keys and values later layers take.
       ForwardOptions opt = options;
       opt.cache = nullptr;
       opt.checkpoint_layers = false;
       opt.router_logits = nullptr;
-      Fn layer = [this, i, positions, freq = inv_freq[size_t(i)], opt, wants_logits](const std::vector<Tensor>& in) {
+      const bool has_p = p_i.defined();
+      Fn layer = [this, i, positions, freq = inv_freq[size_t(i)], opt, wants_logits, provides, shares,
+                  has_p](const std::vector<Tensor>& in) {
+        LayerIo io;
+        size_t next = 1;
+        if (has_p) io.per_layer_input = in[next++];
+        KvCache::View shared, produced;
+        if (shares) {
+          shared = {in[next], in[next + 1], 0, Tensor()};
+          io.shared_kv = &shared;
+        }
         Tensor l;
-        Tensor y = layer_forward(i, in[0], positions, freq, opt, wants_logits ? &l : nullptr);
-        return wants_logits ? std::vector<Tensor>{y, l} : std::vector<Tensor>{y};
+        if (wants_logits) io.router_logits = &l;
+        if (provides) io.kv_out = &produced;
+        std::vector<Tensor> out{layer_forward(i, in[0], positions, freq, opt, io)};
+        if (wants_logits) out.push_back(l);
+        if (provides) {
+          out.push_back(produced.k);
+          out.push_back(produced.v);
+        }
+        return out;
       };
+      std::vector<Tensor> in{x};
+      if (has_p) in.push_back(p_i);
+      if (shares) {
+        in.push_back(kv[size_t(lc.kv_source)].k);
+        in.push_back(kv[size_t(lc.kv_source)].v);
+      }
       // Parameters (adapters) are captured, not passed: checkpoint's backward gives captured leaves their
       // gradients even below the first trainable layer, where x itself needs none.
-      std::vector<Tensor> out = checkpoint(layer)({x});
+      std::vector<Tensor> out = checkpoint(layer)(in);
       x = out[0];
-      if (wants_logits) logits = out[1];
+      size_t next = 1;
+      if (wants_logits) logits = out[next++];
+      if (provides) kv[size_t(i)] = {out[next], out[next + 1], 0, Tensor()};
     } else {
-      x = layer_forward(i, x, positions, inv_freq[size_t(i)], options, wants_logits ? &logits : nullptr);
+      LayerIo io;
+      io.per_layer_input = p_i;
+      if (shares) io.shared_kv = &kv[size_t(lc.kv_source)];
+      if (provides) io.kv_out = &kv[size_t(i)];
+      if (wants_logits) io.router_logits = &logits;
+      x = layer_forward(i, x, positions, inv_freq[size_t(i)], options, io);
     }
     if (wants_logits) options.router_logits->push_back(logits);
   }
   if (options.cache) options.cache->advance(ids.dim(1));
   return norm(x, weights_.final_norm);
+}
+
+Tensor Decoder::per_layer_inputs(const Tensor& ids, const Tensor& embedded) const {
+  const int64_t P = config_.per_layer_input_size;
+  if (P == 0) return Tensor();
+  const int64_t B = ids.dim(0), T = ids.dim(1), L = config_.num_hidden_layers;
+  // As Gemma4TextModel: the token's own values (scaled by sqrt(P) rounded to the weights' dtype) and a normed
+  // projection of its embedding (scaled by C^-1/2), averaged by a factor of 2^-1/2.
+  Tensor own = ops::cast(ops::embedding(weights_.ple_embed, ids), compute_dtype_);
+  own = ops::scale(own, round_to(float(std::sqrt(double(P))), weights_.ple_embed.dtype()));
+  Tensor mixed = ops::scale(weights_.ple_model_proj(embedded), float(1.0 / std::sqrt(double(config_.hidden_size))));
+  mixed = norm(ops::reshape(mixed, {B, T, L, P}), weights_.ple_proj_norm);
+  return ops::scale(ops::add(mixed, ops::reshape(own, {B, T, L, P})), float(1.0 / std::sqrt(2.0)));
 }
 
 Tensor Decoder::logits(const Tensor& hidden) const {

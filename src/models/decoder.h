@@ -1,8 +1,9 @@
-// The decoder: one implementation of the Llama / Mistral / Mixtral / Qwen2 / Qwen3 / Qwen3-MoE / Gemma 2 / Gemma 3
-// text families,
+// The decoder: one implementation of the Llama / Mistral / Mixtral / Qwen2 / Qwen3 / Qwen3-MoE / Gemma 2 / Gemma 3 /
+// Gemma 4 text families,
 // used alike by training, evaluation, generation and serving. Everything that differs between families is a
 // field of ModelConfig (io/hf_config.h) — norm style, sandwich norms, q/k norms, biases, embedding scale,
-// soft-capping, per-layer windows, rotary frequencies and mixtures of experts — never a model_type test.
+// soft-capping, per-layer windows, rotary frequencies, per-layer head sizes, shared key/value layers, per-layer
+// inputs and mixtures of experts — never a model_type test.
 //
 // Shapes: B batch, T tokens in this call, S keys seen (cache + T), C hidden, H query heads, KV key/value heads,
 // D head_dim, I intermediate, V vocab.
@@ -22,7 +23,7 @@
 namespace lmtune::models {
 
 struct AttentionWeights {
-  Linear q, k, v, o;
+  Linear q, k, v, o;  // k and v undefined on a layer that shares another's keys; v on a k_eq_v layer
   Tensor q_norm, k_norm;  // [D], when config.qk_norm
   LinearGroup qkv;        // q, k and v as one product (inference, fuse_projections), else undefined
 };
@@ -58,6 +59,11 @@ struct LayerWeights {
   AttentionWeights attn;
   MlpWeights mlp;  // dense layers
   MoeWeights moe;  // mixture-of-experts layers (LayerConfig::moe)
+  // Gemma 4's per-layer input (ModelConfig::per_layer_input_size P): x += norm(ple_proj(act(ple_gate(x)) · p_i)).
+  Linear ple_gate;      // per_layer_input_gate [P, C]
+  Linear ple_proj;      // per_layer_projection [C, P]
+  Tensor ple_norm;      // post_per_layer_input_norm [C]
+  Tensor layer_scalar;  // [1]: Gemma 4 multiplies the layer's output by it (a buffer there: never trained)
 
   // This layer's tensors that require grad (adapters, or weights being fully trained).
   std::vector<Tensor> trainable() const;
@@ -65,6 +71,11 @@ struct LayerWeights {
 
 struct DecoderWeights {
   Tensor embed;       // [V, C]
+  // Gemma 4's per-layer inputs: a token's P values for every layer (embed_tokens_per_layer [Vp, L P]), mixed with
+  // a projection of its embedding (per_layer_model_projection [L P, C], normed by per_layer_projection_norm [P]).
+  Tensor ple_embed;
+  Linear ple_model_proj;
+  Tensor ple_proj_norm;
   std::vector<LayerWeights> layers;
   Tensor final_norm;  // [C]
   Tensor lm_head;     // [V, C]; the same tensor as embed when tie_word_embeddings
@@ -82,9 +93,10 @@ struct DecoderWeights {
 void fuse_projections(DecoderWeights& weights);
 
 // Per-layer key/value cache for incremental decoding. Each layer's keys and values live in a buffer
-// [B, capacity, KV, D] that grows in chunks of `chunk` tokens (amortised copies). With bound_sliding, a
-// sliding-window layer keeps only the last window - 1 tokens between calls (its buffer never exceeds
-// window - 1 + the longest call), which is all its attention can see.
+// [B, capacity, KV, D] (that layer's KV and D; none for a layer that attends to another's) that grows in chunks
+// of `chunk` tokens (amortised copies). With bound_sliding, a sliding-window layer keeps only the last window - 1
+// tokens between calls (its buffer never exceeds window - 1 + the longest call), which is all its attention can
+// see.
 class KvCache {
  public:
   KvCache(const ModelConfig& config, int64_t batch, DType dtype, Device device, int64_t chunk = 256,
@@ -138,6 +150,8 @@ class KvCache {
     Tensor k, v;           // [B, capacity, KV, D]
     int64_t used = 0;      // tokens stored
     int64_t window = 0;    // > 0: keep only the last window - 1 tokens between calls
+    int64_t kv_heads = 0, head_dim = 0;
+    bool shared = false;   // attends to another layer's keys and values: stores none
   };
   void reserve(Layer& l, int64_t tokens);
   // Checks layer and the keys' shape, drops what a bounded sliding layer no longer needs and makes room for t
@@ -148,7 +162,7 @@ class KvCache {
   std::vector<Layer> layers_;
   std::vector<std::vector<uint8_t>> valid_;  // per row, per token appended: 0 = padding (only once any padding)
   bool padded_ = false;
-  int64_t batch_, kv_heads_, head_dim_, chunk_, length_ = 0;
+  int64_t batch_, chunk_, length_ = 0;
   DType dtype_;
   Device device_;
 };
@@ -204,9 +218,24 @@ class Decoder {
   Tensor token_losses(const Tensor& hidden, const Tensor& targets) const;
 
  private:
-  // One layer; a mixture-of-experts layer also sets *router_logits when that is given.
+  // What one layer's forward takes besides x and hands on: Gemma 4's per-layer input p_i [B, T, P], the keys and
+  // values of the layer it shares them with (kv_source), and where it leaves its own for later layers.
+  struct LayerIo {
+    Tensor per_layer_input;
+    const KvCache::View* shared_kv = nullptr;
+    KvCache::View* kv_out = nullptr;
+    Tensor* router_logits = nullptr;  // a mixture-of-experts layer sets it when given
+  };
   Tensor layer_forward(int index, const Tensor& x, const Tensor& positions, const Tensor& inv_freq,
-                       const ForwardOptions& options, Tensor* router_logits = nullptr) const;
+                       const ForwardOptions& options, const LayerIo& io) const;
+  // Attention's queries, keys and values of one layer ([B, T, H|KV, D], rotated, keys and values as stored in the
+  // cache where there is one).
+  std::pair<Tensor, KvCache::View> attention_inputs(int index, const Tensor& h, const Tensor& positions,
+                                                    const Tensor& inv_freq, const ForwardOptions& options,
+                                                    const LayerIo& io) const;
+  // Gemma 4's per-layer inputs of a call, [B, T, L, P] (undefined for other models).
+  Tensor per_layer_inputs(const Tensor& ids, const Tensor& embedded) const;
+  ops::GateActivation gate_activation() const;  // the MLP's activation (config hidden_act)
   Tensor mlp_forward(const LayerWeights& w, const LayerConfig& lc, const Tensor& h, const Tensor& residual,
                      const ForwardOptions& options, Tensor* router_logits) const;
   // Each layer's inverse frequencies for a call at these positions. dynamic and longrope rope depend on the
@@ -229,6 +258,9 @@ class Decoder {
   DType compute_dtype_;
   DecoderPaths paths_;
   std::vector<Tensor> inv_freq_;       // per layer, f32 [rotary_dim / 2] on the weights' device (short calls)
+  std::vector<float> layer_scalars_;   // per layer: Gemma 4's layer_scalar (1 elsewhere)
+  std::vector<bool> kv_provider_;      // per layer: a later layer attends to its keys and values
+  std::unordered_map<int64_t, Tensor> unit_weights_;  // ones [D] per head size: the weight of Gemma 4's value norm
   std::vector<Tensor> long_inv_freq_;  // per layer: longrope's long_factor frequencies, else undefined
   bool length_dependent_rope_ = false; // some layer's frequencies depend on the call's length
 };

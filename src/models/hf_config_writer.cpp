@@ -15,6 +15,7 @@ std::string causal_lm_class(const std::string& model_type) {
   if (model_type == "qwen3_moe") return "Qwen3MoeForCausalLM";
   if (model_type == "gemma2") return "Gemma2ForCausalLM";
   if (model_type == "gemma3_text" || model_type == "gemma3") return "Gemma3ForCausalLM";
+  if (model_type == "gemma4_text" || model_type == "gemma4") return "Gemma4ForCausalLM";
   throw ConfigError("unsupported model type '" + model_type + "'");
 }
 
@@ -48,8 +49,43 @@ json rope_scaling(const RopeConfig& r) {
               {"long_factor", r.long_factor},
               {"original_max_position_embeddings", r.original_max_pos},
               {"attention_factor", r.attention_factor}};
+    case RopeType::proportional:
+      return {{"rope_type", "proportional"}, {"factor", r.factor}, {"partial_rotary_factor", r.rotated_fraction}};
   }
   return nullptr;
+}
+
+// Gemma4TextConfig's own keys: per-layer-type rope dicts, the full layers' head sizes, shared keys and values,
+// per-layer inputs. Replaces the keys it does not have.
+void write_gemma4(const ModelConfig& c, json& j) {
+  for (const char* key : {"rope_theta", "rope_scaling", "partial_rotary_factor", "hidden_act"}) j.erase(key);
+  auto rope = [](const RopeConfig& r) {
+    json d = r.type == RopeType::standard ? json{{"rope_type", "default"}} : rope_scaling(r);
+    d["rope_theta"] = r.theta;
+    return d;
+  };
+  j["rope_parameters"] = {{"full_attention", rope(c.rope)},
+                          {"sliding_attention", rope(c.rope_local.value_or(c.rope))}};
+  j["attention_bias"] = c.qkv_bias;
+  j["final_logit_softcapping"] = c.final_logit_softcapping > 0 ? json(c.final_logit_softcapping) : json(nullptr);
+  j["sliding_window"] = c.sliding_window ? json(*c.sliding_window) : json(nullptr);
+  j["layer_types"] = c.layer_types;
+  int64_t shared = 0;
+  bool k_eq_v = false, double_wide = false;
+  for (const LayerConfig& l : c.layers) {
+    shared += l.kv_source >= 0;
+    k_eq_v = k_eq_v || l.k_eq_v;
+    double_wide = double_wide || l.intermediate_size != c.intermediate_size;
+    if (l.attention == AttentionKind::full) {
+      j["global_head_dim"] = l.head_dim;
+      j["num_global_key_value_heads"] = l.kv_heads;
+    }
+  }
+  j["attention_k_eq_v"] = k_eq_v;
+  j["num_kv_shared_layers"] = shared;
+  j["use_double_wide_mlp"] = double_wide;
+  j["hidden_size_per_layer_input"] = c.per_layer_input_size;
+  if (c.per_layer_input_size > 0) j["vocab_size_per_layer_input"] = c.per_layer_vocab_size;
 }
 
 json optional_id(const std::optional<int64_t>& v) { return v ? json(*v) : json(nullptr); }
@@ -63,8 +99,10 @@ json eos(const std::vector<int64_t>& ids) {
 }  // namespace
 
 json hf_config_json(const ModelConfig& c, const json& extra) {
-  const std::string type = c.model_type == "gemma3" ? "gemma3_text" : c.model_type;
-  const bool gemma = type == "gemma2" || type == "gemma3_text";
+  const std::string type = c.model_type == "gemma3"   ? "gemma3_text"
+                           : c.model_type == "gemma4" ? "gemma4_text"
+                                                      : c.model_type;
+  const bool gemma = type == "gemma2" || type == "gemma3_text" || type == "gemma4_text";
   const bool qwen = type == "qwen2" || type == "qwen3" || type == "qwen3_moe";
   json j = json::object();
   j["architectures"] = {causal_lm_class(type)};
@@ -103,6 +141,8 @@ json hf_config_json(const ModelConfig& c, const json& extra) {
     j["sliding_window"] = c.sliding_window ? json(*c.sliding_window) : json(nullptr);
     j["max_window_layers"] = c.max_window_layers;
     j["layer_types"] = c.layer_types;
+  } else if (type == "gemma4_text") {
+    write_gemma4(c, j);
   } else if (gemma) {
     j["attention_bias"] = c.qkv_bias;
     const double qs = c.query_pre_attn_scalar;
@@ -132,7 +172,8 @@ json hf_config_json(const ModelConfig& c, const json& extra) {
     }
   }
   for (const auto& [key, value] : extra.items())
-    if (!j.contains(key) && key != "text_config" && key != "rope_parameters") j[key] = value;
+    if (!j.contains(key) && key != "text_config" && key != "rope_parameters" && key != "per_layer_config")
+      j[key] = value;
   return j;
 }
 

@@ -11,9 +11,19 @@ namespace lmtune::models {
 
 TrainingMemoryEstimate estimate_training_memory(const ModelConfig& c, const TrainingMemoryOptions& o) {
   TrainingMemoryEstimate e;
-  const int64_t C = c.hidden_size, I = c.intermediate_size, D = c.head_dim, L = c.num_hidden_layers;
-  const int64_t HD = c.num_attention_heads * D, KVD = c.num_key_value_heads * D, V = c.vocab_size;
-  const int64_t H = c.num_attention_heads;
+  const int64_t C = c.hidden_size, L = c.num_hidden_layers, V = c.vocab_size, H = c.num_attention_heads;
+  // Per-layer sizes averaged over the layers (Gemma 4's full layers have wider heads, its shared layers no keys or
+  // values of their own, its last layers double-wide MLPs); the same as the config's for other models.
+  int64_t I = 0, HD = 0, KVD = 0;
+  for (const LayerConfig& l : c.layers) {
+    I += l.intermediate_size;
+    HD += H * l.head_dim;
+    KVD += l.kv_source < 0 ? l.kv_heads * l.head_dim : 0;
+  }
+  const int64_t layers_or_1 = std::max<int64_t>(L, 1);
+  I /= layers_or_1;
+  HD /= layers_or_1;
+  KVD /= layers_or_1;
   const uint64_t N = uint64_t(o.batch * o.seq);  // tokens per step
   const uint64_t act = dtype_size(o.compute_dtype);
 
@@ -52,6 +62,8 @@ TrainingMemoryEstimate estimate_training_memory(const ModelConfig& c, const Trai
                             std::max<int64_t>(L, 1);
   uint64_t per_token = uint64_t(6 * C + 2 * (HD + 2 * KVD) + HD + 4 * o.rank + mlp_token);
   if (c.sandwich_norms) per_token += uint64_t(2 * C);
+  // Gemma 4's per-layer input: its slice, the gate's output and product, the projection and its norm's input.
+  if (c.per_layer_input_size > 0) per_token += uint64_t(3 * c.per_layer_input_size + 2 * C);
   // The fused attention keeps no [T, T] scores, only each query row's log-sum-exp (f32 [B, H, T]).
   const uint64_t lse = N * uint64_t(H) * 4;
   const uint64_t layer = N * per_token * act + lse;

@@ -23,8 +23,7 @@ namespace lmtune::models {
 namespace fs = std::filesystem;
 
 std::vector<ParamRef> parameter_map(const ModelConfig& c, DecoderWeights& w) {
-  const int64_t C = c.hidden_size, I = c.intermediate_size, D = c.head_dim;
-  const int64_t HD = c.num_attention_heads * D, KVD = c.num_key_value_heads * D, V = c.vocab_size;
+  const int64_t C = c.hidden_size, H = c.num_attention_heads, V = c.vocab_size, P = c.per_layer_input_size;
   std::vector<ParamRef> out;
   auto add = [&](std::string name, Shape shape, Tensor* slot, ParamInit init) {
     out.push_back({std::move(name), std::move(shape), slot, init});
@@ -36,9 +35,17 @@ std::vector<ParamRef> parameter_map(const ModelConfig& c, DecoderWeights& w) {
   };
 
   add("model.embed_tokens.weight", {V, C}, &w.embed, ParamInit::normal);
+  if (P > 0) {
+    const int64_t LP = c.num_hidden_layers * P;
+    add("model.embed_tokens_per_layer.weight", {c.per_layer_vocab_size, LP}, &w.ple_embed, ParamInit::normal);
+    add("model.per_layer_model_projection.weight", {LP, C}, &w.ple_model_proj.weight, ParamInit::normal);
+    add("model.per_layer_projection_norm.weight", {P}, &w.ple_proj_norm, ParamInit::norm);
+  }
   w.layers.resize(size_t(c.num_hidden_layers));
   for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
     LayerWeights& l = w.layers[size_t(i)];
+    const LayerConfig& lc = c.layers[size_t(i)];
+    const int64_t D = lc.head_dim, HD = H * D, KVD = lc.kv_heads * D, I = lc.intermediate_size;
     const std::string p = "model.layers." + std::to_string(i) + ".";
     add(p + "input_layernorm.weight", {C}, &l.input_norm, ParamInit::norm);
     if (c.sandwich_norms) {
@@ -48,15 +55,16 @@ std::vector<ParamRef> parameter_map(const ModelConfig& c, DecoderWeights& w) {
     } else {
       add(p + "post_attention_layernorm.weight", {C}, &l.pre_mlp_norm, ParamInit::norm);
     }
+    const bool own_kv = lc.kv_source < 0;
     linear(p + "self_attn.q_proj", l.attn.q, HD, C, c.qkv_bias);
-    linear(p + "self_attn.k_proj", l.attn.k, KVD, C, c.qkv_bias);
-    linear(p + "self_attn.v_proj", l.attn.v, KVD, C, c.qkv_bias);
+    if (own_kv) linear(p + "self_attn.k_proj", l.attn.k, KVD, C, c.qkv_bias);
+    if (own_kv && !lc.k_eq_v) linear(p + "self_attn.v_proj", l.attn.v, KVD, C, c.qkv_bias);
     linear(p + "self_attn.o_proj", l.attn.o, C, HD, c.o_bias);
     if (c.qk_norm) {
       add(p + "self_attn.q_norm.weight", {D}, &l.attn.q_norm, ParamInit::norm);
-      add(p + "self_attn.k_norm.weight", {D}, &l.attn.k_norm, ParamInit::norm);
+      if (own_kv) add(p + "self_attn.k_norm.weight", {D}, &l.attn.k_norm, ParamInit::norm);
     }
-    if (c.layers[size_t(i)].moe) {
+    if (lc.moe) {
       const int64_t E = c.num_experts, EI = c.moe_intermediate_size;
       add(p + "mlp.gate.weight", {E, C}, &l.moe.router, ParamInit::normal);
       add(p + "mlp.experts.gate_up_proj", {E, 2 * EI, C}, &l.moe.gate_up, ParamInit::normal);
@@ -66,6 +74,15 @@ std::vector<ParamRef> parameter_map(const ModelConfig& c, DecoderWeights& w) {
     linear(p + "mlp.gate_proj", l.mlp.gate, I, C, c.mlp_bias);
     linear(p + "mlp.up_proj", l.mlp.up, I, C, c.mlp_bias);
     linear(p + "mlp.down_proj", l.mlp.down, C, I, c.mlp_bias);
+    if (P > 0) {  // plain weights: never quantized, no adapters
+      add(p + "per_layer_input_gate.weight", {P, C}, &l.ple_gate.weight, ParamInit::normal);
+      add(p + "per_layer_projection.weight", {C, P}, &l.ple_proj.weight, ParamInit::normal);
+      add(p + "post_per_layer_input_norm.weight", {C}, &l.ple_norm, ParamInit::norm);
+    }
+    if (c.layer_scalar) {
+      add(p + "layer_scalar", {1}, &l.layer_scalar, ParamInit::norm);
+      out.back().trainable = false;  // a buffer in transformers
+    }
   }
   add("model.norm.weight", {C}, &w.final_norm, ParamInit::norm);
   if (!c.tie_word_embeddings) add("lm_head.weight", {V, C}, &w.lm_head, ParamInit::normal);
@@ -116,7 +133,8 @@ std::vector<int64_t> gguf_row_order(const std::string& hf_name, const ModelConfi
 int64_t parameter_count(const ModelConfig& config) {
   DecoderWeights w;
   int64_t n = 0;
-  for (const ParamRef& p : parameter_map(config, w)) n += numel(p.shape);
+  for (const ParamRef& p : parameter_map(config, w))
+    if (p.trainable) n += numel(p.shape);  // as transformers counts: parameters, not buffers
   return n;
 }
 

@@ -5,6 +5,10 @@
 //   model.layers.N.pre_feedforward_layernorm.weight, model.layers.N.post_feedforward_layernorm.weight (Gemma),
 //   model.layers.N.self_attn.{q,k,v,o}_proj.{weight,bias}, model.layers.N.self_attn.{q,k}_norm.weight,
 //   model.layers.N.mlp.{gate,up,down}_proj.{weight,bias}
+//   Gemma 4: model.embed_tokens_per_layer.weight, model.per_layer_model_projection.weight,
+//   model.per_layer_projection_norm.weight, model.layers.N.{per_layer_input_gate, per_layer_projection,
+//   post_per_layer_input_norm}.weight, model.layers.N.layer_scalar (no k/v projections or k_norm on layers that
+//   share another's keys, no v_proj where the values are the keys)
 //   model.layers.N.mlp.gate.weight, model.layers.N.mlp.experts.{gate_up_proj,down_proj} (mixture-of-experts
 //   layers, as transformers 5 writes them; loading also takes the per-expert layout of earlier versions:
 //   block_sparse_moe.{gate,experts.E.w1,w2,w3} (Mixtral), mlp.experts.E.{gate,up,down}_proj (Qwen3-MoE))
@@ -34,6 +38,7 @@ struct ParamRef {
   ParamInit init;
   Linear* linear = nullptr;  // the layer, for a linear weight (QLoRA quantizes it at load; a quantized GGUF
                              // weight goes to linear->qweight as it is)
+  bool trainable = true;     // false for buffers (Gemma 4's layer_scalar): full fine-tuning leaves them
 };
 
 // Every stored parameter of the model described by `config`, in a stable order (embedding, layers, final norm,
@@ -52,7 +57,7 @@ std::string gguf_tensor_name(const std::string& hf_name, const ModelConfig& conf
 std::vector<int64_t> gguf_row_order(const std::string& hf_name, const ModelConfig& config,
                                     const std::string& gguf_arch);
 
-// Total parameters (the tied lm_head counted once).
+// Total parameters (the tied lm_head counted once; buffers such as Gemma 4's layer_scalar not counted).
 int64_t parameter_count(const ModelConfig& config);
 // Parameters one token uses: the total less the experts a mixture-of-experts layer does not route it to.
 int64_t active_parameter_count(const ModelConfig& config);

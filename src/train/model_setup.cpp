@@ -205,6 +205,7 @@ TrainableModel build_trainable_model(const Recipe& r, Device device) {
 
   if (r.finetune == Finetune::full) {
     for (const models::ParamRef& p : models::parameter_map(tm.decoder->config(), w)) {
+      if (!p.trainable) continue;
       p.slot->set_requires_grad(true);
       tm.params.push_back({p.name, *p.slot});
     }

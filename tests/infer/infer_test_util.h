@@ -24,7 +24,8 @@ inline fs::path model_fixture(const std::string& name) {
 
 inline const std::vector<std::string>& fixture_names() {
   static const std::vector<std::string> names = {"llama",  "llama3",      "mistral", "qwen2",    "qwen3",
-                                                 "gemma2", "gemma3_text", "mixtral", "qwen3_moe"};
+                                                 "gemma2", "gemma3_text", "mixtral", "qwen3_moe",
+                                                 "gemma4_text"};
   return names;
 }
 

@@ -431,18 +431,19 @@ TEST(HfConfig, ErrorsNameTheKey) {
   };
   std::string msg = config_error(with(kLlama2_7B, "\"model_type\": \"llama\"", "\"model_type\": \"phi3\""));
   EXPECT_NE(msg.find("config.json: key 'model_type': unsupported model type 'phi3' (supported: llama, mistral, "
-                     "mixtral, qwen2, qwen3, qwen3_moe, gemma2, gemma3_text, gemma3)"), std::string::npos) << msg;
+                     "mixtral, qwen2, qwen3, qwen3_moe, gemma2, gemma3_text, gemma3, gemma4_text, "
+                     "gemma4)"), std::string::npos) << msg;
   msg = config_error(R"({"hidden_size": 8})");
   EXPECT_NE(msg.find("key 'model_type': missing"), std::string::npos) << msg;
   msg = config_error(with(kLlama32_1B, "\"factor\": 32.0", "\"factor\": \"big\""));
   EXPECT_NE(msg.find("config.json: key 'rope_scaling.factor': expected a number"), std::string::npos) << msg;
   msg = config_error(with(kLlama32_1B, "\"rope_type\": \"llama3\"", "\"rope_type\": \"su\""));
   EXPECT_NE(msg.find("key 'rope_scaling.rope_type': unsupported rope type 'su' (supported: default, linear, llama3, "
-                     "dynamic, yarn, longrope)"), std::string::npos) << msg;
+                     "dynamic, yarn, longrope, proportional)"), std::string::npos) << msg;
   msg = config_error(with(kLlama32_1B, "\"original_max_position_embeddings\": 8192,", ""));
   EXPECT_NE(msg.find("key 'rope_scaling.original_max_position_embeddings': missing"), std::string::npos) << msg;
-  msg = config_error(with(kLlama2_7B, "\"rope_scaling\": null", "\"rope_scaling\": {\"type\": \"proportional\"}"));
-  EXPECT_NE(msg.find("key 'rope_scaling.type': unsupported rope type 'proportional'"), std::string::npos) << msg;
+  msg = config_error(with(kLlama2_7B, "\"rope_scaling\": null", "\"rope_scaling\": {\"type\": \"ntk\"}"));
+  EXPECT_NE(msg.find("key 'rope_scaling.type': unsupported rope type 'ntk'"), std::string::npos) << msg;
   msg = config_error(with(kLlama2_7B, "\"hidden_size\": 4096", "\"hidden_size\": 4096.5"));
   EXPECT_NE(msg.find("key 'hidden_size': expected an integer, got 4096.5"), std::string::npos) << msg;
   msg = config_error(with(kLlama2_7B, "\"num_key_value_heads\": 32", "\"num_key_value_heads\": 5"));
@@ -477,6 +478,92 @@ TEST(HfConfig, ErrorsNameTheKey) {
   EXPECT_NE(msg.find("config.json: expected a JSON object"), std::string::npos) << msg;
   // Syntax errors are file errors.
   EXPECT_THROW(parse_model_config("{\"model_type\": "), FileError);
+}
+
+// Gemma 4 (the text decoder of google/gemma-4-E2B, as transformers' convert_gemma4_weights.py configures it):
+// four sliding layers to one full one with heads of 512 and proportional rope, the last 20 layers sharing layers
+// 13 and 14's keys and values with double-wide MLPs, per-layer inputs; unscaled scores and plain-weight norms.
+TEST(HfConfig, Gemma4_E2B) {
+  std::string types;
+  for (int i = 0; i < 35; ++i)
+    types += std::string(i ? ", " : "") + ((i + 1) % 5 ? "\"sliding_attention\"" : "\"full_attention\"");
+  ModelConfig c = parse_model_config(R"({"model_type": "gemma4", "architectures": ["Gemma4ForConditionalGeneration"],
+    "text_config": {"model_type": "gemma4_text", "hidden_size": 1536, "hidden_size_per_layer_input": 256,
+      "intermediate_size": 6144, "num_hidden_layers": 35, "num_attention_heads": 8, "num_key_value_heads": 1,
+      "num_global_key_value_heads": null, "attention_k_eq_v": false, "num_kv_shared_layers": 20,
+      "use_double_wide_mlp": true, "final_logit_softcapping": 30.0, "global_head_dim": 512,
+      "layer_types": [)" + types + R"(]}, "eos_token_id": [1, 106]})");
+  EXPECT_EQ(c.vocab_size, 262144);
+  EXPECT_EQ(c.head_dim, 256);
+  EXPECT_EQ(c.attn_scale, 1.0f);
+  EXPECT_EQ(c.norm_style, NormStyle::weight);
+  EXPECT_TRUE(c.qk_norm && c.v_norm && c.sandwich_norms && c.layer_scalar && c.tie_word_embeddings);
+  EXPECT_EQ(c.per_layer_input_size, 256);
+  EXPECT_EQ(c.per_layer_vocab_size, 262144);
+  EXPECT_EQ(c.final_logit_softcapping, 30.0);
+  EXPECT_EQ(c.eos_token_ids, (std::vector<int64_t>{1, 106}));
+  for (int i = 0; i < 35; ++i) {
+    const LayerConfig& l = c.layers[size_t(i)];
+    const bool full = (i + 1) % 5 == 0;
+    EXPECT_EQ(l.attention, full ? AttentionKind::full : AttentionKind::sliding) << i;
+    EXPECT_EQ(l.sliding_window, full ? 0 : 512) << i;
+    EXPECT_EQ(l.head_dim, full ? 512 : 256) << i;
+    EXPECT_EQ(l.rotary_dim, l.head_dim) << i;
+    EXPECT_EQ(l.kv_heads, 1) << i;
+    EXPECT_FALSE(l.k_eq_v) << i;
+    EXPECT_EQ(l.kv_source, i < 15 ? -1 : full ? 14 : 13) << i;
+    EXPECT_EQ(l.intermediate_size, i < 15 ? 6144 : 12288) << i;
+    EXPECT_EQ(l.rope.type, full ? RopeType::proportional : RopeType::standard) << i;
+    EXPECT_EQ(l.rope.theta, full ? 1e6 : 1e4) << i;
+  }
+  // Proportional rope: a quarter of the 256 pairs of a 512 head rotate at base^(-2i / 512), the rest not at all.
+  std::vector<float> f = rope_inv_freq(c.layers[4].rope, 512);
+  ASSERT_EQ(f.size(), 256u);
+  for (size_t i = 0; i < f.size(); ++i)
+    EXPECT_FLOAT_EQ(f[i], i < 64 ? float(std::pow(1e6, -double(2 * i) / 512.0)) : 0.0f) << i;
+}
+
+// The Gemma4TextConfig defaults (every 6th layer and the last one full, heads of 512 there, per-layer inputs of 256,
+// window 512), the per_layer_config form transformers writes back, and what Gemma 4 cannot be.
+TEST(HfConfig, Gemma4DefaultsWrittenFormAndRefusals) {
+  ModelConfig d = parse_model_config(R"({"model_type": "gemma4_text", "num_hidden_layers": 8})");
+  EXPECT_EQ(d.layer_types, (std::vector<std::string>{"sliding_attention", "sliding_attention", "sliding_attention",
+                                                      "sliding_attention", "sliding_attention", "full_attention",
+                                                      "sliding_attention", "full_attention"}));
+  EXPECT_EQ(d.layers[5].head_dim, 512);
+  EXPECT_EQ(d.layers[5].kv_heads, 4);  // num_global_key_value_heads only with attention_k_eq_v
+  EXPECT_EQ(d.layers[5].rope.rotated_fraction, 0.25);
+  EXPECT_EQ(d.per_layer_input_size, 256);
+  EXPECT_EQ(*d.sliding_window, 512);
+  // The fixture's config as transformers 5.17 saves it (per_layer_config) and as written for it (global_head_dim,
+  // num_global_key_value_heads): the same model.
+  const std::filesystem::path src(LMTUNE_SOURCE_DIR);
+  ModelConfig saved = load_model_config(src / "tests/io/fixtures/gemma4_text_transformers_config.json");
+  ModelConfig given = load_model_config(src / "tests/models/fixtures/gemma4_text");
+  ASSERT_EQ(saved.layers.size(), given.layers.size());
+  for (size_t i = 0; i < saved.layers.size(); ++i) {
+    EXPECT_EQ(saved.layers[i].head_dim, given.layers[i].head_dim) << i;
+    EXPECT_EQ(saved.layers[i].kv_heads, given.layers[i].kv_heads) << i;
+    EXPECT_EQ(saved.layers[i].kv_source, given.layers[i].kv_source) << i;
+    EXPECT_EQ(saved.layers[i].k_eq_v, given.layers[i].k_eq_v) << i;
+    EXPECT_EQ(saved.layers[i].intermediate_size, given.layers[i].intermediate_size) << i;
+    EXPECT_TRUE(saved.layers[i].rope == given.layers[i].rope) << i;
+  }
+  EXPECT_EQ(saved.layers[1].head_dim, 32);
+  EXPECT_EQ(saved.layers[1].kv_heads, 1);
+  const std::string base = R"({"model_type": "gemma4_text", "num_hidden_layers": 6, )";
+  for (const auto& [extra, want] : std::vector<std::pair<std::string, std::string>>{
+           {R"("enable_moe_block": true})", "key 'enable_moe_block': Gemma 4's mixture-of-experts block"},
+           {R"("use_bidirectional_attention": "all"})", "key 'use_bidirectional_attention': bidirectional"},
+           {R"("num_kv_shared_layers": 6})", "key 'num_kv_shared_layers': must be at least 0 and below"},
+           {R"("num_kv_shared_layers": 5})", "layer 5 (full_attention) shares keys and values, but no earlier"},
+           {R"("per_layer_config": {"7": {"head_dim": 64}}})", "key 'per_layer_config': key '7' is not a layer"},
+           {R"("per_layer_config": {"1": {"rope_theta": 5.0}}})", "key 'per_layer_config.1.rope_theta': unsupported"},
+           {R"("vocab_size_per_layer_input": 1000})", "key 'vocab_size_per_layer_input': 1000 is below vocab_size"},
+           {R"("global_head_dim": 33})", "key 'head_dim': layer 5's head size must be even"}}) {
+    const std::string msg = config_error(base + extra);
+    EXPECT_NE(msg.find(want), std::string::npos) << msg;
+  }
 }
 
 TEST(HfConfig, LoadFromDirectoryAndGenerationConfig) {

@@ -236,7 +236,8 @@ TEST_P(KvCacheDecode, ShiftedNormWeightsMadeOnce) {
 std::vector<std::tuple<std::string, std::string>> decode_cases() {
   std::vector<std::tuple<std::string, std::string>> out;
   for (const std::string& dev : test::test_devices())
-    for (const char* a : {"llama3", "mistral", "qwen2", "qwen3", "gemma2", "gemma3_text", "llama_yarn"})
+    for (const char* a :
+         {"llama3", "mistral", "qwen2", "qwen3", "gemma2", "gemma3_text", "llama_yarn", "gemma4_text"})
       out.emplace_back(a, dev);
   return out;
 }

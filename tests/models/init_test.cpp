@@ -133,6 +133,7 @@ TEST(Init, RealPresetsHavePublishedParameterCounts) {
   EXPECT_EQ(count("llama-3.1-8b"), 8030261248);
   EXPECT_EQ(count("qwen3-30b-a3b"), 30532122624);
   EXPECT_EQ(count("mixtral-8x7b"), 46702792704);
+  EXPECT_EQ(count("gemma-4-e2b"), 4628569344);  // transformers' count of Gemma4ForCausalLM at this config
   auto active = [](const char* name) {
     return active_parameter_count(parse_model_config(yaml_file_to_json(preset_path(name)).dump(), name));
   };

@@ -22,7 +22,8 @@ inline std::filesystem::path fixture_dir(const std::string& name) {
 inline const std::vector<std::string>& fixture_names() {
   static const std::vector<std::string> names = {"llama",  "llama3",      "mistral",        "qwen2",
                                                  "qwen3",  "gemma2",      "gemma3_text",    "llama_yarn",
-                                                 "qwen2_longrope", "llama_dynamic", "mixtral", "qwen3_moe"};
+                                                 "qwen2_longrope", "llama_dynamic", "mixtral", "qwen3_moe",
+                                                 "gemma4_text"};
   return names;
 }
 

@@ -252,7 +252,15 @@ TEST(HfConfigWriter, WrittenConfigsParseBackToTheSameModel) {
     for (size_t i = 0; i < a.layers.size(); ++i) {
       EXPECT_EQ(b.layers[i].sliding_window, a.layers[i].sliding_window) << arch << " layer " << i;
       EXPECT_TRUE(b.layers[i].rope == a.layers[i].rope) << arch << " layer " << i;
+      EXPECT_EQ(b.layers[i].head_dim, a.layers[i].head_dim) << arch << " layer " << i;
+      EXPECT_EQ(b.layers[i].kv_heads, a.layers[i].kv_heads) << arch << " layer " << i;
+      EXPECT_EQ(b.layers[i].kv_source, a.layers[i].kv_source) << arch << " layer " << i;
+      EXPECT_EQ(b.layers[i].k_eq_v, a.layers[i].k_eq_v) << arch << " layer " << i;
+      EXPECT_EQ(b.layers[i].intermediate_size, a.layers[i].intermediate_size) << arch << " layer " << i;
     }
+    EXPECT_EQ(b.per_layer_input_size, a.per_layer_input_size);
+    EXPECT_EQ(b.norm_style, a.norm_style);
+    EXPECT_EQ(b.v_norm, a.v_norm);
     EXPECT_EQ(b.eos_token_ids, a.eos_token_ids);
   }
 }
