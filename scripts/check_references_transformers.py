@@ -206,31 +206,37 @@ def mixtures_of_experts():
 
 
 def gemma4(saved_config=None):
-    """gemma4_text (Gemma4ForCausalLM): each document of the batch alone, the loss, and row 0 decoded through
-    transformers' cache one token at a time after a prompt of 3 (its sliding layers' cache past the window of 4,
-    its shared layers reading the keys of layers 2 and 3) against the recomputed reference. With saved_config, the
-    fixture's config as transformers writes it back (save_pretrained) goes there, for lmtune's parser test."""
-    d = os.path.join(ROOT, "tests", "models", "fixtures", "gemma4_text")
+    """gemma4_text and gemma4_moe (Gemma4ForCausalLM): each document of the batch alone, the loss, and row 0
+    decoded through transformers' cache one token at a time after a prompt of 3 (its sliding layers' cache past the
+    window of 4, gemma4_text's shared layers reading the keys of layers 2 and 3) against the recomputed reference.
+    With saved_config, gemma4_text's config as transformers writes it back (save_pretrained) goes there, for
+    lmtune's parser test."""
+    for name in ("gemma4_text", "gemma4_moe"):
+        gemma4_fixture(name, saved_config if name == "gemma4_text" else None)
+
+
+def gemma4_fixture(name, saved_config):
+    d = os.path.join(ROOT, "tests", "models", "fixtures", name)
     ref = load_file(os.path.join(d, "reference.safetensors"))
     ids, docs = ref["ids"].long(), ref["doc_ids"]
-    model = fresh_model(d)
+    model = fresh_model(d, experts_implementation="eager")
     logits = torch.zeros(ref["logits"].shape, dtype=torch.float64)
     with torch.no_grad():
         for b in range(ids.shape[0]):
             for doc in docs[b].unique():
                 cols = (docs[b] == doc).nonzero().flatten()
                 logits[b, cols] = model(input_ids=ids[b:b + 1, cols]).logits[0]
-        compare("gemma4_text logits", logits, ref["logits"])
+        compare(f"{name} logits", logits, ref["logits"])
         targets = ref["targets"].long()
         keep = targets != -100
-        compare("gemma4_text loss", F.cross_entropy(logits[keep], targets[keep]), ref["loss"])
+        compare(f"{name} loss", F.cross_entropy(logits[keep], targets[keep]), ref["loss"])
         P = 3
         out = model(input_ids=ids[:1, :P], use_cache=True)
         steps = [out.logits[0, -1]]
         for t in range(P, ids.shape[1]):
             out = model(input_ids=ids[:1, t:t + 1], past_key_values=out.past_key_values, use_cache=True)
             steps.append(out.logits[0, -1])
-        compare("gemma4_text cached generate logits", torch.stack(steps), ref["logits"][0, P - 1:])
+        compare(f"{name} cached generate logits", torch.stack(steps), ref["logits"][0, P - 1:])
     if saved_config:
         model.config.save_pretrained(saved_config)
 

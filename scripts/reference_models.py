@@ -314,6 +314,8 @@ def gemma4_forward(a, p, ids, positions, doc_ids):
         h = rms_norm(x, p[pre + "pre_feedforward_layernorm.weight"], eps, False)
         m = act(a["act"], h @ p[pre + "mlp.gate_proj.weight"].T) * (h @ p[pre + "mlp.up_proj.weight"].T)
         m = m @ p[pre + "mlp.down_proj.weight"].T
+        if a.get("experts"):
+            m = rms_norm(m, p[pre + "post_feedforward_layernorm_1.weight"], eps, False) + gemma4_experts(a, p, pre, x)
         x = x + rms_norm(m, p[pre + "post_feedforward_layernorm.weight"], eps, False)
         if P:
             g = act(a["act"], x @ p[pre + "per_layer_input_gate.weight"].T) * ple[:, :, l]
@@ -324,6 +326,31 @@ def gemma4_forward(a, p, ids, positions, doc_ids):
     logits = x @ p["model.embed_tokens.weight"].T
     cap = a["final_softcap"]
     return cap * torch.tanh(logits / cap) if cap else logits
+
+
+def gemma4_experts(a, p, pre, x):
+    """Gemma4TextRouter + Gemma4TextExperts beside the dense MLP, on the residual stream x: the router normalizes
+    x without a weight, scales it by router.scale * C^-1/2, takes the top-k softmax probabilities, renormalizes
+    them and multiplies each by its expert's per_expert_scale; the experts run on pre_feedforward_layernorm_2(x);
+    their sum is normed by post_feedforward_layernorm_2."""
+    eps, C = a["eps"], x.shape[-1]
+    r = x.reshape(-1, C)
+    routed = r * torch.rsqrt(r.pow(2).mean(-1, keepdim=True) + eps) * p[pre + "router.scale"] * C ** -0.5
+    probs = torch.softmax(routed @ p[pre + "router.proj.weight"].T, -1)
+    top, idx = torch.topk(probs, a["top_k"], -1)
+    top = top / top.sum(-1, keepdim=True) * p[pre + "router.per_expert_scale"][idx]
+    h = rms_norm(r, p[pre + "pre_feedforward_layernorm_2.weight"], eps, False)
+    gate_up, down = p[pre + "experts.gate_up_proj"], p[pre + "experts.down_proj"]
+    EI = down.shape[-1]
+    rows = []
+    for n in range(h.shape[0]):
+        y = torch.zeros_like(h[n])
+        for s in range(a["top_k"]):
+            gu = gate_up[idx[n, s]] @ h[n]
+            y = y + top[n, s] * (down[idx[n, s]] @ (act(a["act"], gu[:EI]) * gu[EI:]))
+        rows.append(y)
+    y = torch.stack(rows).reshape(x.shape)
+    return rms_norm(y, p[pre + "post_feedforward_layernorm_2.weight"], eps, False)
 
 
 def gemma4_fixture(arch):
@@ -349,7 +376,28 @@ def gemma4_fixture(arch):
              k_eq_v=full, kv_source=[-1, -1, -1, -1, 2, 3], mlp_sizes=[I, I, I, I, 2 * I, 2 * I],
              inv_freqs=[proportional_inv_freq(1e6, 0.25, GD) if f else 1.0 / (10000.0 ** (
                  torch.arange(0, D, 2, dtype=torch.float64) / D)) for f in full])
-    return [("gemma4_text", cfg, a, {})]
+    out = [("gemma4_text", cfg, a, {})]
+    # The MoE block of 26B-A4B: four layers with experts beside the dense MLP (top-2 of 4 experts of 16), keys as
+    # values on the full layers, no shared layers and no per-layer inputs.
+    types = ["sliding_attention", "full_attention"] * 2
+    full = [t == "full_attention" for t in types]
+    cfg = base_config("gemma4_text", "Gemma4ForCausalLM", 4, head_dim=D, global_head_dim=GD,
+                      num_global_key_value_heads=1, attention_k_eq_v=True, num_kv_shared_layers=0,
+                      hidden_size_per_layer_input=0, hidden_activation="gelu_pytorch_tanh", sliding_window=WINDOW,
+                      layer_types=types, final_logit_softcapping=3.0, tie_word_embeddings=True, rms_norm_eps=1e-6,
+                      pad_token_id=0, attention_bias=False, enable_moe_block=True, num_experts=4, top_k_experts=2,
+                      moe_intermediate_size=16, intermediate_size=24,
+                      rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                                       "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25,
+                                                          "rope_theta": 1000000.0}})
+    a = arch(4, gemma=True, gemma4=True, tied=True, head_dim=D, act="gelu_pytorch_tanh", eps=1e-6, final_softcap=3.0,
+             windows=[0 if f else WINDOW for f in full], ple=0, experts=4, top_k=2, expert_size=16,
+             head_dims=[GD if f else D for f in full], kv_heads_per_layer=[1 if f else KV for f in full],
+             k_eq_v=full, kv_source=[-1] * 4, mlp_sizes=[24] * 4,
+             inv_freqs=[proportional_inv_freq(1e6, 0.25, GD) if f else 1.0 / (10000.0 ** (
+                 torch.arange(0, D, 2, dtype=torch.float64) / D)) for f in full])
+    out.append(("gemma4_moe", cfg, a, {}))
+    return out
 
 
 def gemma4_params(a, rnd):
@@ -359,9 +407,11 @@ def gemma4_params(a, rnd):
     L, P, Hh = a["layers"], a["ple"], a["heads"]
     norm = lambda n: rnd(n, std=0.1) + 1.0  # noqa: E731
     p = {"model.embed_tokens.weight": rnd(V, C, std=0.25), "model.norm.weight": norm(C),
-         "model.embed_tokens_per_layer.weight": rnd(V, L * P, std=0.2),
-         "model.per_layer_model_projection.weight": rnd(L * P, C, std=C ** -0.5),
-         "model.per_layer_projection_norm.weight": norm(P)}
+         }
+    if P:
+        p.update({"model.embed_tokens_per_layer.weight": rnd(V, L * P, std=0.2),
+                  "model.per_layer_model_projection.weight": rnd(L * P, C, std=C ** -0.5),
+                  "model.per_layer_projection_norm.weight": norm(P)})
     for l in range(L):
         pre = f"model.layers.{l}."
         D, KVl, Il = a["head_dims"][l], a["kv_heads_per_layer"][l], a["mlp_sizes"][l]
@@ -382,8 +432,23 @@ def gemma4_params(a, rnd):
         p[pre + "mlp.gate_proj.weight"] = rnd(Il, C, std=C ** -0.5)
         p[pre + "mlp.up_proj.weight"] = rnd(Il, C, std=C ** -0.5)
         p[pre + "mlp.down_proj.weight"] = rnd(C, Il, std=Il ** -0.5)
-        p[pre + "per_layer_input_gate.weight"] = rnd(P, C, std=C ** -0.5)
-        p[pre + "per_layer_projection.weight"] = rnd(C, P, std=P ** -0.5)
+        if P:
+            p[pre + "per_layer_input_gate.weight"] = rnd(P, C, std=C ** -0.5)
+            p[pre + "per_layer_projection.weight"] = rnd(C, P, std=P ** -0.5)
+        else:
+            del p[pre + "post_per_layer_input_norm.weight"]
+        if a.get("experts"):
+            E, EI = a["experts"], a["expert_size"]
+            # A wide router with rows of different scales: every token's 2nd and 3rd probabilities at least 2.4%
+            # apart, so that bf16 rounding cannot change a choice (rounded to f32, the stored dtype).
+            scales = torch.linspace(1.0, 2.5, E)[:, None]
+            p[pre + "router.proj.weight"] = (rnd(E, C, std=4.0) * scales).float().double()
+            p[pre + "router.scale"] = norm(C)
+            p[pre + "router.per_expert_scale"] = rnd(E, std=0.2) + 1.0
+            p[pre + "experts.gate_up_proj"] = rnd(E, 2 * EI, C, std=C ** -0.5)
+            p[pre + "experts.down_proj"] = rnd(E, C, EI, std=EI ** -0.5)
+            for n in ("pre_feedforward_layernorm_2", "post_feedforward_layernorm_1", "post_feedforward_layernorm_2"):
+                p[pre + n + ".weight"] = norm(C)
         p[pre + "layer_scalar"] = rnd(1, std=0.1) + 1.0
     return p
 
@@ -646,6 +711,12 @@ def make_batch(gen):
 
 def grad_names(a):
     L = a["layers"]
+    if a.get("gemma4") and a.get("experts"):  # the router's three parts, both expert tensors, the norms around
+        return ["model.embed_tokens.weight", "model.layers.0.router.proj.weight", "model.layers.0.router.scale",
+                "model.layers.1.router.per_expert_scale", "model.layers.0.experts.gate_up_proj",
+                "model.layers.3.experts.down_proj", "model.layers.2.pre_feedforward_layernorm_2.weight",
+                "model.layers.1.post_feedforward_layernorm_1.weight", "model.layers.3.mlp.down_proj.weight",
+                "model.layers.1.self_attn.k_proj.weight"]
     if a.get("gemma4"):  # the embedding (tied), a full layer's k_eq_v keys, a shared layer's MLP, the PLE weights
         return ["model.embed_tokens.weight", "model.layers.1.self_attn.k_proj.weight",
                 "model.layers.2.self_attn.v_proj.weight", "model.layers.5.mlp.down_proj.weight",

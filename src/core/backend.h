@@ -44,6 +44,8 @@ class Backend {
   // Whether x · W runs measurably faster than x · Wᵀ for a weight W (the tensor-core GEMM reads the untransposed
   // layout 5-8% faster: bench/RESULTS.md), so that a transposed copy of a frozen weight pays for its memory.
   virtual bool prefers_transposed_weights() const { return false; }
+  // The largest tensor a kernel can address whole (Vulkan: maxStorageBufferRange, 4 GiB on NVIDIA).
+  virtual size_t max_tensor_bytes() const { return SIZE_MAX; }
   // Bytes that allocations can still get (device memory budget); 0 when the backend cannot tell.
   virtual size_t available_bytes() const { return 0; }
   // Whether the fused attention (FlashAttention) runs here for this head dim; ops::attention composes it

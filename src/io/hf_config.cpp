@@ -352,8 +352,19 @@ void parse_gemma4(const Scope& s, ModelConfig& c) {
   c.attn_scale = 1.0f;
   c.v_norm = true;
   c.layer_scalar = true;
-  if (s.opt_bool("enable_moe_block").value_or(false))
-    s.fail("enable_moe_block", "Gemma 4's mixture-of-experts block is not supported yet (dense Gemma 4 models are)");
+  if (s.opt_bool("enable_moe_block").value_or(false)) {
+    c.experts_beside_mlp = true;
+    for (const char* key : {"num_experts", "top_k_experts", "moe_intermediate_size"})
+      if (!s.has(key)) s.fail(key, "missing (required with enable_moe_block)");
+    c.num_experts = s.positive_int("num_experts", 0, 4096);
+    c.experts_per_token = s.positive_int("top_k_experts", 0, 4096);
+    if (c.experts_per_token > c.num_experts)
+      s.fail("top_k_experts", std::to_string(c.experts_per_token) + " is more than the " +
+                                  std::to_string(c.num_experts) + " experts of num_experts");
+    c.moe_intermediate_size = s.positive_int("moe_intermediate_size", 0, int64_t(1) << 20);
+    c.norm_topk_prob = true;
+    for (LayerConfig& l : c.layers) l.moe = true;  // Gemma4ForCausalLM adds no load-balancing loss
+  }
   if (auto b = s.opt_str("use_bidirectional_attention"); b && *b == "all")
     s.fail("use_bidirectional_attention", "bidirectional attention over text is not supported (\"vision\" is)");
   c.attn_logit_softcapping = 0;  // Gemma 4 has none (a stray key is ignored, as transformers does)

@@ -144,6 +144,10 @@ struct ModelConfig {
   bool norm_topk_prob = false;        // the chosen probabilities renormalized to sum to 1 (mixtral always)
   double router_aux_loss_coef = 0;    // weight of the load-balancing loss
   bool output_router_logits = false;  // transformers adds that loss to the training loss only when set
+  // Gemma 4's MoE block (enable_moe_block): every layer runs its experts beside the dense MLP, on the residual
+  // stream normed by pre_feedforward_layernorm_2; the router normalizes its input without a weight, scales it by
+  // router.scale · C^-1/2, and multiplies each chosen expert's renormalized probability by its per_expert_scale.
+  bool experts_beside_mlp = false;
 
   std::vector<int64_t> eos_token_ids;
   std::optional<int64_t> bos_token_id;

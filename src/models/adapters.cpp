@@ -79,7 +79,9 @@ std::vector<NamedExperts> named_experts(DecoderWeights& w) {
   for (size_t i = 0; i < w.layers.size(); ++i) {
     MoeWeights& m = w.layers[i].moe;
     if (!m.gate_up.defined()) continue;
-    const std::string module = "model.layers." + std::to_string(i) + ".mlp.experts";
+    // Gemma 4's experts (a router with its own input scale) sit beside the MLP, as layers.N.experts.
+    const std::string module =
+        "model.layers." + std::to_string(i) + (m.router_scale.defined() ? ".experts" : ".mlp.experts");
     out.push_back({module, "gate_up_proj", &m.gate_up, &m.gate_up_adapters});
     out.push_back({module, "down_proj", &m.down, &m.down_adapters});
   }
@@ -251,7 +253,13 @@ PeftAdapter extract_peft(DecoderWeights& w, const std::string& name, int rank, d
       lw.b_shape = {out, R * E};
       p.modules[peft_expert_module(ne.module, ne.param, targeted)] = std::move(lw);
     }
-  for (const std::string& q : targeted) p.target_parameters.push_back("mlp.experts." + q);
+  // The experts' path within a layer: mlp.experts, or experts (Gemma 4).
+  std::string experts = "mlp.experts";
+  for (const NamedExperts& ne : named_experts(w)) {
+    experts = ne.module.substr(ne.module.find('.', std::string("model.layers.").size()) + 1);
+    break;
+  }
+  for (const std::string& q : targeted) p.target_parameters.push_back(experts + "." + q);
   if (p.modules.empty()) throw ConfigError("no adapter named '" + name + "' is attached");
   p.target_modules.assign(kinds.begin(), kinds.end());
   return p;

@@ -77,7 +77,9 @@ std::vector<Tensor> LayerWeights::trainable() const {
     if (t.defined() && t.requires_grad()) out.push_back(t);
   };
   for (const Tensor* t : {&input_norm, &post_attn_norm, &pre_mlp_norm, &post_mlp_norm, &attn.q_norm, &attn.k_norm,
-                          &moe.router, &moe.gate_up, &moe.down, &ple_gate.weight, &ple_proj.weight, &ple_norm})
+                          &moe.router, &moe.gate_up, &moe.down, &ple_gate.weight, &ple_proj.weight, &ple_norm,
+                          &moe.router_scale, &moe.per_expert_scale, &experts_in_norm, &mlp_out_norm,
+                          &experts_out_norm})
     add(*t);
   for (const auto* adapters : {&moe.gate_up_adapters, &moe.down_adapters})
     for (const ExpertAdapter& a : *adapters) {
@@ -524,6 +526,12 @@ ops::GateActivation Decoder::gate_activation() const {
 Tensor Decoder::mlp_forward(const LayerWeights& w, const LayerConfig& lc, const Tensor& h, const Tensor& r,
                             const ForwardOptions& options, Tensor* router_logits) const {
   const ops::GateActivation act = gate_activation();
+  if (lc.moe && config_.experts_beside_mlp) {  // Gemma 4: norm(norm(mlp(h)) + norm(experts(norm(r))))
+    const Tensor dense = norm(dense_mlp(w, h, options), w.mlp_out_norm);
+    const Tensor experts = moe_mlp(w.moe, norm(r, w.experts_in_norm), config_, act, router_logits,
+                                   options.row_adapters, r);
+    return ops::add(r, norm(ops::add(dense, norm(experts, w.experts_out_norm)), w.post_mlp_norm));
+  }
   if (lc.moe) {
     Tensor m = moe_mlp(w.moe, h, config_, act, router_logits, options.row_adapters);
     return ops::add(r, config_.sandwich_norms ? norm(m, w.post_mlp_norm) : m);
@@ -539,6 +547,18 @@ Tensor Decoder::mlp_forward(const LayerWeights& w, const LayerConfig& lc, const 
   }
   if (config_.sandwich_norms) return ops::add(r, norm(w.mlp.down(gated, options.row_adapters), w.post_mlp_norm));
   return w.mlp.down.add_to(r, gated, options.row_adapters);
+}
+
+Tensor Decoder::dense_mlp(const LayerWeights& w, const Tensor& h, const ForwardOptions& options) const {
+  const ops::GateActivation act = gate_activation();
+  Tensor gated;
+  if (paths_.fused_glu) gated = w.mlp.gate_up.gated(w.mlp.gate, w.mlp.up, h, act, options.row_adapters);
+  if (!gated.defined()) {
+    const std::vector<Tensor> gate_up = w.mlp.gate_up({&w.mlp.gate, &w.mlp.up}, h, options.row_adapters);
+    gated = paths_.fused_glu ? ops::gated_activation(gate_up[0], gate_up[1], act)
+                             : ops::gated_activation_reference(gate_up[0], gate_up[1], act);
+  }
+  return w.mlp.down(gated, options.row_adapters);
 }
 
 Tensor Decoder::forward_hidden(const Tensor& ids, const Tensor& positions, const ForwardOptions& options) const {
@@ -639,7 +659,18 @@ Tensor Decoder::per_layer_inputs(const Tensor& ids, const Tensor& embedded) cons
   const int64_t B = ids.dim(0), T = ids.dim(1), L = config_.num_hidden_layers;
   // As Gemma4TextModel: the token's own values (scaled by sqrt(P) rounded to the weights' dtype) and a normed
   // projection of its embedding (scaled by C^-1/2), averaged by a factor of 2^-1/2.
-  Tensor own = ops::cast(ops::embedding(weights_.ple_embed, ids), compute_dtype_);
+  const Tensor& table = weights_.ple_embed;
+  Tensor own;
+  if (table.device() == ids.device()) {
+    own = ops::embedding(table, ids);
+  } else {  // a table beyond the device's addressable range stays in host memory (weights.h): rows gathered there
+    if (table.requires_grad())
+      throw ConfigError("decoder: the per-layer-input table is held in host memory (beyond what the device's "
+                        "kernels address); it cannot be trained there (LoRA trains Gemma 4)");
+    NoGrad no_grad;
+    own = ops::embedding(table, ids.to(table.device())).to(ids.device());
+  }
+  own = ops::cast(own, compute_dtype_);
   own = ops::scale(own, round_to(float(std::sqrt(double(P))), weights_.ple_embed.dtype()));
   Tensor mixed = ops::scale(weights_.ple_model_proj(embedded), float(1.0 / std::sqrt(double(config_.hidden_size))));
   mixed = norm(ops::reshape(mixed, {B, T, L, P}), weights_.ple_proj_norm);

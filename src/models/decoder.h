@@ -45,10 +45,12 @@ struct ExpertAdapter {
 };
 
 struct MoeWeights {
-  Tensor router;   // [E, C] (mlp.gate.weight)
+  Tensor router;   // [E, C] (mlp.gate.weight; Gemma 4: router.proj.weight)
   Tensor gate_up;  // [E, 2 I, C] (mlp.experts.gate_up_proj): rows [0, I) of expert e are its gate, [I, 2 I) its up
   Tensor down;     // [E, C, I] (mlp.experts.down_proj)
   std::vector<ExpertAdapter> gate_up_adapters, down_adapters;
+  Tensor router_scale;      // Gemma 4: [C], the router input's scale (router.scale), else undefined
+  Tensor per_expert_scale;  // Gemma 4: [E], each chosen expert's weight is multiplied by its entry
 };
 
 struct LayerWeights {
@@ -56,9 +58,12 @@ struct LayerWeights {
   Tensor post_attn_norm;  // sandwich norms only: post_attention_layernorm on the attention output
   Tensor pre_mlp_norm;    // before the MLP: post_attention_layernorm (Llama naming) or pre_feedforward_layernorm
   Tensor post_mlp_norm;   // sandwich norms only: post_feedforward_layernorm on the MLP output
+  // Gemma 4's experts beside the MLP: pre_feedforward_layernorm_2 on their input, post_feedforward_layernorm_1 on
+  // the dense MLP's output and post_feedforward_layernorm_2 on theirs, before the two are summed.
+  Tensor experts_in_norm, mlp_out_norm, experts_out_norm;
   AttentionWeights attn;
   MlpWeights mlp;  // dense layers
-  MoeWeights moe;  // mixture-of-experts layers (LayerConfig::moe)
+  MoeWeights moe;  // mixture-of-experts layers (LayerConfig::moe; Gemma 4: beside the dense MLP)
   // Gemma 4's per-layer input (ModelConfig::per_layer_input_size P): x += norm(ple_proj(act(ple_gate(x)) · p_i)).
   Linear ple_gate;      // per_layer_input_gate [P, C]
   Linear ple_proj;      // per_layer_projection [C, P]
@@ -236,6 +241,8 @@ class Decoder {
   // Gemma 4's per-layer inputs of a call, [B, T, L, P] (undefined for other models).
   Tensor per_layer_inputs(const Tensor& ids, const Tensor& embedded) const;
   ops::GateActivation gate_activation() const;  // the MLP's activation (config hidden_act)
+  // down(act(gate(h)) * up(h)) without the residual (Gemma 4's MLP beside its experts).
+  Tensor dense_mlp(const LayerWeights& w, const Tensor& h, const ForwardOptions& options) const;
   Tensor mlp_forward(const LayerWeights& w, const LayerConfig& lc, const Tensor& h, const Tensor& residual,
                      const ForwardOptions& options, Tensor* router_logits) const;
   // Each layer's inverse frequencies for a call at these positions. dynamic and longrope rope depend on the

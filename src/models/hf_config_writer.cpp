@@ -156,7 +156,12 @@ json hf_config_json(const ModelConfig& c, const json& extra) {
       j["layer_types"] = c.layer_types;
     }
   }
-  if (c.num_experts > 0) {
+  if (c.experts_beside_mlp) {  // Gemma 4's MoE block
+    j["enable_moe_block"] = true;
+    j["num_experts"] = c.num_experts;
+    j["top_k_experts"] = c.experts_per_token;
+    j["moe_intermediate_size"] = c.moe_intermediate_size;
+  } else if (c.num_experts > 0) {
     j[type == "mixtral" ? "num_local_experts" : "num_experts"] = c.num_experts;
     j["num_experts_per_tok"] = c.experts_per_token;
     j["router_aux_loss_coef"] = c.router_aux_loss_coef;

@@ -30,9 +30,13 @@ TrainingMemoryEstimate estimate_training_memory(const ModelConfig& c, const Trai
   // Mixture-of-experts layers have no dense MLP (its projections, adapters and activations): their experts stay
   // unquantized (targeted by LoRA only with expert_lora), and per token they keep the router's logits and k
   // experts' activations.
-  int64_t dense = 0;
-  for (const LayerConfig& l : c.layers) dense += !l.moe;
-  const int64_t sparse = L - dense, k = c.experts_per_token, EI = c.moe_intermediate_size;
+  // (Gemma 4's expert layers keep their dense MLP beside the experts.)
+  int64_t dense = 0, sparse = 0;
+  for (const LayerConfig& l : c.layers) {
+    dense += !l.moe || c.experts_beside_mlp;
+    sparse += l.moe;
+  }
+  const int64_t k = c.experts_per_token, EI = c.moe_intermediate_size;
   e.weights = uint64_t(parameter_count(c)) * dtype_size(o.weight_dtype);
   if (o.quantize) {  // the projections of every layer at the format's bytes per element
     const quant::FormatInfo& f = quant::info(*o.quantize);

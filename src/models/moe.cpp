@@ -1,6 +1,7 @@
 // Mixture-of-experts MLP and the router's load-balancing loss (see moe.h).
 #include "models/moe.h"
 
+#include <cmath>
 #include <string>
 
 #include "core/error.h"
@@ -92,15 +93,24 @@ Tensor merged_expert_weight(const Tensor& w, const std::vector<ExpertAdapter>& a
 }
 
 Tensor moe_mlp(const MoeWeights& w, const Tensor& h, const ModelConfig& config, ops::GateActivation act,
-               Tensor* router_logits, const RowAdapters* row_adapters) {
+               Tensor* router_logits, const RowAdapters* row_adapters, const Tensor& router_input) {
   const int64_t C = h.dim(-1), N = h.numel() / C, E = config.num_experts, k = config.experts_per_token;
   const int64_t I = w.gate_up.dim(1) / 2;
   const Tensor x = ops::reshape(h, {N, C});
-  const Tensor logits = ops::cast(Linear(w.router)(x), DType::f32);
+  Tensor routed = x;
+  if (w.router_scale.defined()) {  // Gemma4TextRouter
+    const Tensor r = ops::reshape(router_input.defined() ? router_input : h, {N, C});
+    routed = ops::scale(ops::rms_norm(r, w.router_scale, float(config.rms_norm_eps)), float(1.0 / std::sqrt(C)));
+  }
+  const Tensor logits = ops::cast(Linear(w.router)(routed), DType::f32);
   if (router_logits) *router_logits = logits;
   Tensor chosen;
-  const Tensor weights = ops::cast(routing_weights(ops::softmax(logits, -1), k, config.norm_topk_prob, &chosen),
-                                   h.dtype());
+  Tensor weights = routing_weights(ops::softmax(logits, -1), k, config.norm_topk_prob, &chosen);
+  if (w.per_expert_scale.defined()) {
+    const Tensor table = ops::reshape(ops::cast(w.per_expert_scale, DType::f32), {E, 1});
+    weights = ops::mul(weights, ops::reshape(ops::embedding(table, chosen), {N, k}));
+  }
+  weights = ops::cast(weights, h.dtype());
   const ExpertRouting r = route_tokens(chosen.to_ints(), N, k, E);
 
   const AdapterRows reach{row_adapters, &r.token_of_row, h.ndim() == 3 ? h.dim(1) : 1};

@@ -1,4 +1,4 @@
-// Mixture-of-experts MLP (Mixtral, Qwen3-MoE) as transformers computes it, built from differentiable ops:
+// Mixture-of-experts MLP (Mixtral, Qwen3-MoE, Gemma 4) as transformers computes it, built from differentiable ops:
 //   logits = h Wrᵀ (router), p = softmax(logits) in f32, (w, e) = top-k of p, w /= Σ w when norm_topk_prob,
 //   y[n] = Σ_s w[n, s] · expert_{e[n, s]}(h[n]),   expert(x) = down(act(x Gᵀ) * (x Uᵀ))
 // (with LoRA on the experts, each stacked weight W[e] is used as W[e] + scale · B[e] A[e]: decoder.h ExpertAdapter)
@@ -32,8 +32,11 @@ ExpertRouting route_tokens(const std::vector<int32_t>& chosen, int64_t tokens, i
 
 // h [..., C] (compute dtype) -> [..., C]. router_logits, when given, receives the f32 logits [N, E]. With
 // row_adapters (h [B, T, C]), each expert adapter reaches only the batch rows of its groups (models/linear.h).
+// Gemma 4's router (w.router_scale defined) routes router_input [..., C] instead of h: normalized without a
+// weight, times router_scale · C^-1/2; the chosen experts' weights are multiplied by w.per_expert_scale.
 Tensor moe_mlp(const MoeWeights& w, const Tensor& h, const ModelConfig& config, ops::GateActivation act,
-               Tensor* router_logits = nullptr, const RowAdapters* row_adapters = nullptr);
+               Tensor* router_logits = nullptr, const RowAdapters* row_adapters = nullptr,
+               const Tensor& router_input = Tensor());
 
 // W [E, out, in] + Σ scale · B[e] A[e] over the adapters, in W's dtype (merged export).
 Tensor merged_expert_weight(const Tensor& w, const std::vector<ExpertAdapter>& adapters);

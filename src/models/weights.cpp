@@ -38,6 +38,7 @@ std::vector<ParamRef> parameter_map(const ModelConfig& c, DecoderWeights& w) {
   if (P > 0) {
     const int64_t LP = c.num_hidden_layers * P;
     add("model.embed_tokens_per_layer.weight", {c.per_layer_vocab_size, LP}, &w.ple_embed, ParamInit::normal);
+    out.back().host_if_too_large = true;
     add("model.per_layer_model_projection.weight", {LP, C}, &w.ple_model_proj.weight, ParamInit::normal);
     add("model.per_layer_projection_norm.weight", {P}, &w.ple_proj_norm, ParamInit::norm);
   }
@@ -64,7 +65,17 @@ std::vector<ParamRef> parameter_map(const ModelConfig& c, DecoderWeights& w) {
       add(p + "self_attn.q_norm.weight", {D}, &l.attn.q_norm, ParamInit::norm);
       if (own_kv) add(p + "self_attn.k_norm.weight", {D}, &l.attn.k_norm, ParamInit::norm);
     }
-    if (lc.moe) {
+    if (lc.moe && c.experts_beside_mlp) {  // Gemma 4: experts beside the dense MLP
+      const int64_t E = c.num_experts, EI = c.moe_intermediate_size;
+      add(p + "router.proj.weight", {E, C}, &l.moe.router, ParamInit::normal);
+      add(p + "router.scale", {C}, &l.moe.router_scale, ParamInit::norm);
+      add(p + "router.per_expert_scale", {E}, &l.moe.per_expert_scale, ParamInit::norm);
+      add(p + "experts.gate_up_proj", {E, 2 * EI, C}, &l.moe.gate_up, ParamInit::normal);
+      add(p + "experts.down_proj", {E, C, EI}, &l.moe.down, ParamInit::normal);
+      add(p + "pre_feedforward_layernorm_2.weight", {C}, &l.experts_in_norm, ParamInit::norm);
+      add(p + "post_feedforward_layernorm_1.weight", {C}, &l.mlp_out_norm, ParamInit::norm);
+      add(p + "post_feedforward_layernorm_2.weight", {C}, &l.experts_out_norm, ParamInit::norm);
+    } else if (lc.moe) {
       const int64_t E = c.num_experts, EI = c.moe_intermediate_size;
       add(p + "mlp.gate.weight", {E, C}, &l.moe.router, ParamInit::normal);
       add(p + "mlp.experts.gate_up_proj", {E, 2 * EI, C}, &l.moe.gate_up, ParamInit::normal);
@@ -353,8 +364,9 @@ DecoderWeights load_weights(const ModelConfig& config, const fs::path& checkpoin
     if (st->shape != p.shape)
       throw FileError(st->file.string() + ": tensor '" + name + "' has shape " + to_string(st->shape) +
                       " but config.json implies " + to_string(p.shape));
+    const bool too_large = uint64_t(numel(p.shape)) * dtype_size(dtype) > backend(device).max_tensor_bytes();
     if (quantize && p.linear) p.linear->qweight = upload_quantized(*st, *quantize, device);
-    else *p.slot = upload(*st, dtype, device);
+    else *p.slot = upload(*st, dtype, p.host_if_too_large && too_large ? Device::cpu() : device);
     used.insert(name);
   }
   if (config.tie_word_embeddings) {

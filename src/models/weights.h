@@ -39,6 +39,10 @@ struct ParamRef {
   Linear* linear = nullptr;  // the layer, for a linear weight (QLoRA quantizes it at load; a quantized GGUF
                              // weight goes to linear->qweight as it is)
   bool trainable = true;     // false for buffers (Gemma 4's layer_scalar): full fine-tuning leaves them
+  // Gemma 4's per-layer-input table (262144 x L P: 4.4 GiB for E2B) is looked up row by row: where it is larger
+  // than the device's kernels can address (Backend::max_tensor_bytes), it is loaded into host memory instead and
+  // the decoder gathers its rows there (Decoder::per_layer_inputs).
+  bool host_if_too_large = false;
 };
 
 // Every stored parameter of the model described by `config`, in a stable order (embedding, layers, final norm,

@@ -206,6 +206,10 @@ TrainableModel build_trainable_model(const Recipe& r, Device device) {
   if (r.finetune == Finetune::full) {
     for (const models::ParamRef& p : models::parameter_map(tm.decoder->config(), w)) {
       if (!p.trainable) continue;
+      if (p.slot->device() != device)
+        throw ConfigError("full fine-tuning: '" + p.name + "' (" + std::to_string(p.slot->nbytes() >> 20) +
+                          " MiB) is larger than this device's kernels address and stays in host memory; train "
+                          "Gemma 4 with LoRA (finetune: lora)");
       p.slot->set_requires_grad(true);
       tm.params.push_back({p.name, *p.slot});
     }

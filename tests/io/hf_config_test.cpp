@@ -553,7 +553,9 @@ TEST(HfConfig, Gemma4DefaultsWrittenFormAndRefusals) {
   EXPECT_EQ(saved.layers[1].kv_heads, 1);
   const std::string base = R"({"model_type": "gemma4_text", "num_hidden_layers": 6, )";
   for (const auto& [extra, want] : std::vector<std::pair<std::string, std::string>>{
-           {R"("enable_moe_block": true})", "key 'enable_moe_block': Gemma 4's mixture-of-experts block"},
+           {R"("enable_moe_block": true})", "key 'num_experts': missing (required with enable_moe_block)"},
+           {R"("enable_moe_block": true, "num_experts": 4, "top_k_experts": 5, "moe_intermediate_size": 8})",
+            "key 'top_k_experts': 5 is more than the 4 experts"},
            {R"("use_bidirectional_attention": "all"})", "key 'use_bidirectional_attention': bidirectional"},
            {R"("num_kv_shared_layers": 6})", "key 'num_kv_shared_layers': must be at least 0 and below"},
            {R"("num_kv_shared_layers": 5})", "layer 5 (full_attention) shares keys and values, but no earlier"},

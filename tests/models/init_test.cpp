@@ -140,6 +140,8 @@ TEST(Init, RealPresetsHavePublishedParameterCounts) {
   EXPECT_EQ(active("qwen3-30b-a3b"), 3353032704);  // "3.3B activated"
   EXPECT_EQ(active("mixtral-8x7b"), 12879925248);  // "12.9B active"
   EXPECT_EQ(active("llama-3.1-8b"), 8030261248);
+  EXPECT_EQ(count("gemma-4-26b-a4b"), 25233141760);  // transformers' count at this config
+  EXPECT_EQ(active("gemma-4-26b-a4b"), 3822530560);  // "3.8B active"
   ModelConfig l = parse_model_config(yaml_file_to_json(preset_path("llama-3.2-1b")).dump());
   EXPECT_EQ(l.rope.type, RopeType::llama3);
   EXPECT_EQ(l.rope.original_max_pos, 8192);
