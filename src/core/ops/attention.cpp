@@ -1,6 +1,7 @@
 // Attention: the argument checks shared by both paths, the reference composition (scores = scale q kᵀ, optional
 // softcap, an additive -inf mask built on the host, softmax, probs v; materializes [B, H, T, S]) and the choice
 // between it and the fused primitive (core/ops/flash_attention.cpp), which is the default.
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
@@ -21,18 +22,19 @@ Tensor build_mask(const AttentionOptions& opt, int64_t B, int64_t T, int64_t S, 
   std::vector<int32_t> key = keys ? opt.key_mask.to_ints() : std::vector<int32_t>();
   int64_t nb = docs || keys ? B : 1;
   const float neg_inf = -std::numeric_limits<float>::infinity();
-  std::vector<float> m(size_t(nb * T * S), 0.0f);
+  std::vector<float> m(size_t(nb * T * S), neg_inf);
+  // Each row's causal / window range is filled at once; documents and key masks are checked only inside it (a
+  // [2048, 2048] mask per layer, element by element, took a tenth of a Gemma 4 training step).
   for (int64_t b = 0; b < nb; ++b)
-    for (int64_t i = 0; i < T; ++i)
-      for (int64_t j = 0; j < S; ++j) {
-        int64_t qpos = i + opt.q_offset;  // the query's position among the keys
-        bool visible = true;
-        if (opt.causal && j > qpos) visible = false;
-        if (opt.window > 0 && qpos - j >= opt.window) visible = false;
-        if (docs && doc[size_t(b * T + i)] != doc[size_t(b * T + j)]) visible = false;
-        if (keys && key[size_t(b * S + j)] == 0) visible = false;
-        if (!visible) m[size_t((b * T + i) * S + j)] = neg_inf;
-      }
+    for (int64_t i = 0; i < T; ++i) {
+      const int64_t qpos = i + opt.q_offset;  // the query's position among the keys
+      const int64_t lo = opt.window > 0 ? std::max<int64_t>(0, qpos - opt.window + 1) : 0;
+      const int64_t hi = opt.causal ? std::min(qpos + 1, S) : S;  // keys [lo, hi) are in range
+      float* row = m.data() + (b * T + i) * S;
+      for (int64_t j = lo; j < hi; ++j)
+        if ((!docs || doc[size_t(b * T + i)] == doc[size_t(b * T + j)]) && (!keys || key[size_t(b * S + j)] != 0))
+          row[j] = 0.0f;
+    }
   Shape shape = docs || keys ? Shape{B, 1, 1, T, S} : Shape{T, S};
   return Tensor::from_floats(m, shape, dtype, device);
 }
