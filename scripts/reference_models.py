@@ -180,7 +180,12 @@ def moe_mlp(a, p, pre, h, router_logits):
     top, idx = torch.topk(torch.softmax(logits, -1), a["top_k"], -1)
     if a["norm_topk"]:
         top = top / top.sum(-1, keepdim=True)
-    gate_up, down = p[pre + "mlp.experts.gate_up_proj"], p[pre + "mlp.experts.down_proj"]
+    y = routed_experts(a, x, top, idx, p[pre + "mlp.experts.gate_up_proj"], p[pre + "mlp.experts.down_proj"])
+    return y.reshape(h.shape)
+
+
+def routed_experts(a, x, top, idx, gate_up, down):
+    """Each row of x [N, C] through its top-k experts (stacked gate_up [E, 2 EI, C], down [E, C, EI]), weighted."""
     EI = down.shape[-1]
     rows = []
     for n in range(x.shape[0]):
@@ -189,7 +194,7 @@ def moe_mlp(a, p, pre, h, router_logits):
             gu = gate_up[idx[n, s]] @ x[n]
             y = y + top[n, s] * (down[idx[n, s]] @ (act(a["act"], gu[:EI]) * gu[EI:]))
         rows.append(y)
-    return torch.stack(rows).reshape(h.shape)
+    return torch.stack(rows)
 
 
 def load_balancing_loss(router_logits, E, k):
@@ -340,16 +345,7 @@ def gemma4_experts(a, p, pre, x):
     top, idx = torch.topk(probs, a["top_k"], -1)
     top = top / top.sum(-1, keepdim=True) * p[pre + "router.per_expert_scale"][idx]
     h = rms_norm(r, p[pre + "pre_feedforward_layernorm_2.weight"], eps, False)
-    gate_up, down = p[pre + "experts.gate_up_proj"], p[pre + "experts.down_proj"]
-    EI = down.shape[-1]
-    rows = []
-    for n in range(h.shape[0]):
-        y = torch.zeros_like(h[n])
-        for s in range(a["top_k"]):
-            gu = gate_up[idx[n, s]] @ h[n]
-            y = y + top[n, s] * (down[idx[n, s]] @ (act(a["act"], gu[:EI]) * gu[EI:]))
-        rows.append(y)
-    y = torch.stack(rows).reshape(x.shape)
+    y = routed_experts(a, h, top, idx, p[pre + "experts.gate_up_proj"], p[pre + "experts.down_proj"]).reshape(x.shape)
     return rms_norm(y, p[pre + "post_feedforward_layernorm_2.weight"], eps, False)
 
 
