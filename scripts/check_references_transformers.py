@@ -15,7 +15,10 @@ and the KV-cache timeline of generate (--rope: only these), the mixture-of-exper
 (tests/models/fixtures/{mixtral,qwen3_moe}, --moe: only these) with transformers' Mixtral and Qwen3-MoE classes:
 logits of each document alone, the loss, and the load-balancing loss of the whole batch, and the Gemma 4 fixture
 (tests/models/fixtures/gemma4_text, --gemma4: only this; --save-gemma4-config=DIR also writes the config.json
-transformers saves for it) with Gemma4ForCausalLM: each document alone, the loss and a cached decode.
+transformers saves for it) with Gemma4ForCausalLM: each document alone, the loss and a cached decode; and the
+Qwen3-Next fixtures (tests/models/fixtures/{qwen3_next,qwen3_5_moe}, --qwen3-next: only these;
+--save-qwen3-next-config=DIR) the same way with Qwen3NextForCausalLM and Qwen3_5MoeForCausalLM (their Gated
+DeltaNet layers in transformers' own chunked and recurrent forms).
 
 Prints the largest relative difference per quantity and exits 1 if any exceeds 1e-5 (the fixtures are float32).
 """
@@ -212,10 +215,10 @@ def gemma4(saved_config=None):
     With saved_config, gemma4_text's config as transformers writes it back (save_pretrained) goes there, for
     lmtune's parser test."""
     for name in ("gemma4_text", "gemma4_moe"):
-        gemma4_fixture(name, saved_config if name == "gemma4_text" else None)
+        documents_and_decode(name, saved_config if name == "gemma4_text" else None)
 
 
-def gemma4_fixture(name, saved_config):
+def documents_and_decode(name, saved_config):
     d = os.path.join(ROOT, "tests", "models", "fixtures", name)
     ref = load_file(os.path.join(d, "reference.safetensors"))
     ids, docs = ref["ids"].long(), ref["doc_ids"]
@@ -246,16 +249,21 @@ def main():
     only_rope = "--rope" in sys.argv[1:]
     only_moe = "--moe" in sys.argv[1:]
     only_gemma4 = "--gemma4" in sys.argv[1:]
+    only_next = "--qwen3-next" in sys.argv[1:]
     saved = next((a.split("=", 1)[1] for a in sys.argv[1:] if a.startswith("--save-gemma4-config=")), None)
-    if only_gemma4:
+    saved_next = next((a.split("=", 1)[1] for a in sys.argv[1:] if a.startswith("--save-qwen3-next-config=")), None)
+    only = only_rope or only_moe or only_gemma4 or only_next
+    if only_gemma4 or not only:
         gemma4(saved)
-    if not only_rope and not only_moe and not only_gemma4:
+    if only_next or not only:
+        documents_and_decode("qwen3_next", saved_next)
+        documents_and_decode("qwen3_5_moe", None)
+    if not only:
         preference()
         logprobs()
-        gemma4(saved)
-    if not only_moe and not only_gemma4:
+    if only_rope or not only:
         rope_scaling()
-    if not only_rope and not only_gemma4:
+    if only_moe or not only:
         mixtures_of_experts()
     bad = False
     for what, err in worst.items():

@@ -209,6 +209,8 @@ def forward(spec, p, ids, positions, doc_ids, token_seq_len=None, router_logits=
     a = spec["arch"]
     if a.get("gemma4"):
         return gemma4_forward(a, p, ids, positions, doc_ids)
+    if a.get("qwen3_next"):
+        return qwen3_next_forward(a, p, ids, positions, doc_ids, router_logits)
     B, T = ids.shape
     H, KV, D = a["heads"], a["kv_heads"], a["head_dim"]
     gemma, one_plus = a["gemma"], a["gemma"]
@@ -263,6 +265,185 @@ def forward(spec, p, ids, positions, doc_ids, token_seq_len=None, router_logits=
     if a["final_softcap"]:
         logits = a["final_softcap"] * torch.tanh(logits / a["final_softcap"])
     return logits
+
+
+def deltanet(a, p, pre, h, positions):
+    """Qwen3NextGatedDeltaNet in its recurrent form (torch_recurrent_gated_delta_rule, one token at a time), the
+    state and the causal convolution's window restarting where a sequence starts (position 0), as
+    flash-linear-attention does for packed sequences."""
+    B, T, _ = h.shape
+    Hk, Hv, Dk, Dv, K = a["lin_k_heads"], a["lin_v_heads"], a["lin_dk"], a["lin_dv"], a["conv"]
+    r = Hv // Hk
+    if a.get("split"):  # Qwen3.5: one projection each
+        mixed = h @ p[pre + "in_proj_qkv.weight"].T
+        z = (h @ p[pre + "in_proj_z.weight"].T).view(B, T, Hv, Dv)
+        b, dt = h @ p[pre + "in_proj_b.weight"].T, h @ p[pre + "in_proj_a.weight"].T
+    else:  # Qwen3-Next: grouped per key head
+        qkvz = (h @ p[pre + "in_proj_qkvz.weight"].T).view(B, T, Hk, 2 * Dk + 2 * r * Dv)
+        q, k, v, z = torch.split(qkvz, [Dk, Dk, r * Dv, r * Dv], dim=3)
+        ba = (h @ p[pre + "in_proj_ba.weight"].T).view(B, T, Hk, 2 * r)
+        b, dt = torch.split(ba, [r, r], dim=3)
+        z, b, dt = z.reshape(B, T, Hv, Dv), b.reshape(B, T, Hv), dt.reshape(B, T, Hv)
+        mixed = torch.cat([q.reshape(B, T, -1), k.reshape(B, T, -1), v.reshape(B, T, -1)], -1)
+    w = p[pre + "conv1d.weight"][:, 0, :]  # [channels, K]
+    conv = []
+    for t in range(T):
+        acc = torch.zeros_like(mixed[:, 0])
+        for j in range(K):
+            if t - j >= 0:
+                keep = (positions[:, t] >= j).to(mixed.dtype)[:, None]
+                acc = acc + keep * w[:, K - 1 - j] * mixed[:, t - j]
+        conv.append(acc)
+    conv = act("silu", torch.stack(conv, 1))
+    q, k, v = torch.split(conv, [Hk * Dk, Hk * Dk, Hv * Dv], dim=-1)
+    l2 = lambda x: x * torch.rsqrt((x * x).sum(-1, keepdim=True) + 1e-6)  # noqa: E731
+    q = (l2(q.reshape(B, T, Hk, Dk)) * Dk ** -0.5).repeat_interleave(r, dim=2)
+    k = l2(k.reshape(B, T, Hk, Dk)).repeat_interleave(r, dim=2)
+    v = v.reshape(B, T, Hv, Dv)
+    beta = torch.sigmoid(b)
+    g = -p[pre + "A_log"].exp() * torch.nn.functional.softplus(dt + p[pre + "dt_bias"])
+    S = torch.zeros(B, Hv, Dk, Dv, dtype=h.dtype)
+    out = []
+    for t in range(T):
+        S = S * (positions[:, t] != 0).to(h.dtype)[:, None, None, None]
+        S = S * g[:, t].exp()[..., None, None]
+        delta = (v[:, t] - torch.einsum("bhkv,bhk->bhv", S, k[:, t])) * beta[:, t][..., None]
+        S = S + torch.einsum("bhk,bhv->bhkv", k[:, t], delta)
+        out.append(torch.einsum("bhkv,bhk->bhv", S, q[:, t]))
+    o = torch.stack(out, 1)
+    o = rms_norm(o, p[pre + "norm.weight"], a["eps"], False) * act("silu", z)
+    return o.reshape(B, T, Hv * Dv) @ p[pre + "out_proj.weight"].T
+
+
+def qwen3_next_forward(a, p, ids, positions, doc_ids, router_logits=None):
+    """Qwen3NextForCausalLM: (1 + w) norms, Gated DeltaNet layers, gated attention with q/k norms and partial
+    rotary embeddings, experts with a gated shared expert."""
+    B, T = ids.shape
+    Hh, KVh, D, eps = a["heads"], a["kv_heads"], a["head_dim"], a["eps"]
+    x = p["model.embed_tokens.weight"][ids]
+    i = torch.arange(T)
+    mask = (i[:, None] >= i[None, :])[None] & (doc_ids[:, :, None] == doc_ids[:, None, :])
+    inv = 1.0 / (a["theta"] ** (torch.arange(0, a["rotary_dim"], 2, dtype=torch.float64) / a["rotary_dim"]))
+    inv = inv[None, None].expand(B, T, -1)
+    for l in range(a["layers"]):
+        pre = f"model.layers.{l}."
+        h = rms_norm(x, p[pre + "input_layernorm.weight"], eps, True)
+        if a["linear"][l]:
+            o = deltanet(a, p, pre + "linear_attn.", h, positions)
+        else:
+            qg = linear(p, pre + "self_attn.q_proj", h, False).view(B, T, Hh, 2 * D)
+            q, gate = qg[..., :D], qg[..., D:].reshape(B, T, Hh * D)
+            k = linear(p, pre + "self_attn.k_proj", h, False).view(B, T, KVh, D)
+            v = linear(p, pre + "self_attn.v_proj", h, False).view(B, T, KVh, D)
+            q = apply_rope(rms_norm(q, p[pre + "self_attn.q_norm.weight"], eps, True), positions, inv)
+            k = apply_rope(rms_norm(k, p[pre + "self_attn.k_norm.weight"], eps, True), positions, inv)
+            k, v = k.repeat_interleave(Hh // KVh, dim=2), v.repeat_interleave(Hh // KVh, dim=2)
+            s = torch.einsum("bthd,bshd->bhts", q, k) * D ** -0.5
+            s = s.masked_fill(~mask[:, None], float("-inf"))
+            o = torch.einsum("bhts,bshd->bthd", torch.softmax(s, -1), v).reshape(B, T, Hh * D)
+            o = linear(p, pre + "self_attn.o_proj", o * torch.sigmoid(gate), False)
+        x = x + o
+        h = rms_norm(x, p[pre + "post_attention_layernorm.weight"], eps, True)
+        if a["moe_layers"][l]:
+            m = moe_mlp(a, p, pre, h, router_logits if router_logits is not None else [])
+            sh = act("silu", linear(p, pre + "mlp.shared_expert.gate_proj", h, False)) * \
+                linear(p, pre + "mlp.shared_expert.up_proj", h, False)
+            sh = linear(p, pre + "mlp.shared_expert.down_proj", sh, False)
+            m = m + torch.sigmoid(linear(p, pre + "mlp.shared_expert_gate", h, False)) * sh
+        else:
+            m = act("silu", linear(p, pre + "mlp.gate_proj", h, False)) * linear(p, pre + "mlp.up_proj", h, False)
+            m = linear(p, pre + "mlp.down_proj", m, False)
+        x = x + m
+    x = rms_norm(x, p["model.norm.weight"], eps, True)
+    return x @ p["lm_head.weight"].T
+
+
+def qwen3_next_fixture(arch):
+    """Four layers (Gated DeltaNet, gated attention, Gated DeltaNet, gated attention); the DeltaNet layers with 2
+    key heads of 8 serving 4 value heads of 12 and a convolution of 4; attention heads of 16 with a quarter
+    rotated; experts (top-2 of 4 of 16, renormalized) with a shared expert of 24 on layers 0, 1 and 3, a dense MLP
+    on layer 2."""
+    types = ["linear_attention", "full_attention", "linear_attention", "full_attention"]
+    cfg = base_config("qwen3_next", "Qwen3NextForCausalLM", 4, hidden_act="silu", head_dim=16, layer_types=types,
+                      linear_conv_kernel_dim=4, linear_key_head_dim=8, linear_value_head_dim=12,
+                      linear_num_key_heads=2, linear_num_value_heads=4, num_experts=4, num_experts_per_tok=2,
+                      moe_intermediate_size=16, shared_expert_intermediate_size=24, norm_topk_prob=True,
+                      decoder_sparse_step=1, mlp_only_layers=[2], router_aux_loss_coef=0.001,
+                      tie_word_embeddings=False, attention_bias=False, rms_norm_eps=1e-6,
+                      rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25})
+    a = arch(4, head_dim=16, eps=1e-6, qwen3_next=True, linear=[t == "linear_attention" for t in types],
+             lin_k_heads=2, lin_v_heads=4, lin_dk=8, lin_dv=12, conv=4, rotary_dim=4, theta=10000.0,
+             moe_layers=[True, True, False, True], experts=4, top_k=2, expert_size=16, norm_topk=True, shared=24)
+    out = [("qwen3_next", cfg, a, {})]
+    # Qwen3.5-MoE's text model: separate q/k/v, z, b and a projections, one value head per key head (12 and 8
+    # wide), every layer sparse (top-2 of 4, always renormalized) with the shared expert, mrope's sections (the
+    # same positions on every axis for text).
+    types = ["linear_attention", "linear_attention", "full_attention", "linear_attention"]
+    cfg = base_config("qwen3_5_moe_text", "Qwen3_5MoeForCausalLM", 4, hidden_act="silu", head_dim=32,
+                      layer_types=types, linear_conv_kernel_dim=3, linear_key_head_dim=12,
+                      linear_value_head_dim=8, linear_num_key_heads=2, linear_num_value_heads=2, num_experts=4,
+                      num_experts_per_tok=2, moe_intermediate_size=16, shared_expert_intermediate_size=24,
+                      router_aux_loss_coef=0.001, tie_word_embeddings=False, attention_bias=False,
+                      rms_norm_eps=1e-6,
+                      rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25,
+                                       "mrope_section": [2, 1, 1], "mrope_interleaved": True})
+    del cfg["intermediate_size"]
+    a = arch(4, head_dim=32, eps=1e-6, qwen3_next=True, split=True, linear=[t == "linear_attention" for t in types],
+             lin_k_heads=2, lin_v_heads=2, lin_dk=12, lin_dv=8, conv=3, rotary_dim=8, theta=10000.0,
+             moe_layers=[True] * 4, experts=4, top_k=2, expert_size=16, norm_topk=True, shared=24)
+    out.append(("qwen3_5_moe", cfg, a, {}))
+    return out
+
+
+def qwen3_next_params(a, rnd):
+    """(1 + w) norms near 0; the DeltaNet's gated norm (a plain weight) near 1, decay rates exp(A_log) in
+    [0.05, 1.6] with dt_bias near 0.5, so that states neither vanish nor stay undecayed."""
+    L, D, Hh, KVh = a["layers"], a["head_dim"], a["heads"], a["kv_heads"]
+    Hk, Hv, Dk, Dv, K = a["lin_k_heads"], a["lin_v_heads"], a["lin_dk"], a["lin_dv"], a["conv"]
+    offset = lambda n: rnd(n, std=0.1)  # noqa: E731
+    p = {"model.embed_tokens.weight": rnd(V, C, std=1.0), "model.norm.weight": offset(C),
+         "lm_head.weight": rnd(V, C, std=C ** -0.5)}
+    for l in range(L):
+        pre = f"model.layers.{l}."
+        p[pre + "input_layernorm.weight"] = offset(C)
+        p[pre + "post_attention_layernorm.weight"] = offset(C)
+        if a["linear"][l]:
+            la = pre + "linear_attn."
+            ch = 2 * Hk * Dk + Hv * Dv
+            if a.get("split"):
+                p[la + "in_proj_qkv.weight"] = rnd(2 * Hk * Dk + Hv * Dv, C, std=C ** -0.5)
+                p[la + "in_proj_z.weight"] = rnd(Hv * Dv, C, std=C ** -0.5)
+                p[la + "in_proj_b.weight"] = rnd(Hv, C, std=C ** -0.5)
+                p[la + "in_proj_a.weight"] = rnd(Hv, C, std=C ** -0.5)
+            else:
+                p[la + "in_proj_qkvz.weight"] = rnd(2 * Hk * Dk + 2 * Hv * Dv, C, std=C ** -0.5)
+                p[la + "in_proj_ba.weight"] = rnd(2 * Hv, C, std=C ** -0.5)
+            p[la + "conv1d.weight"] = rnd(ch, 1, K, std=0.5)
+            p[la + "dt_bias"] = rnd(Hv, std=0.3) + 0.5
+            p[la + "A_log"] = (torch.sigmoid(rnd(Hv, std=1.5)) * 1.55 + 0.05).log().float().double()
+            p[la + "norm.weight"] = rnd(Dv, std=0.1) + 1.0
+            p[la + "out_proj.weight"] = rnd(C, Hv * Dv, std=(Hv * Dv) ** -0.5)
+        else:
+            p[pre + "self_attn.q_proj.weight"] = rnd(2 * Hh * D, C, std=C ** -0.5)
+            p[pre + "self_attn.k_proj.weight"] = rnd(KVh * D, C, std=C ** -0.5)
+            p[pre + "self_attn.v_proj.weight"] = rnd(KVh * D, C, std=C ** -0.5)
+            p[pre + "self_attn.o_proj.weight"] = rnd(C, Hh * D, std=(Hh * D) ** -0.5)
+            p[pre + "self_attn.q_norm.weight"] = offset(D)
+            p[pre + "self_attn.k_norm.weight"] = offset(D)
+        if a["moe_layers"][l]:
+            E, EI, S = a["experts"], a["expert_size"], a["shared"]
+            p[pre + "mlp.gate.weight"] = rnd(E, C, std=3 * C ** -0.5)
+            p[pre + "mlp.experts.gate_up_proj"] = rnd(E, 2 * EI, C, std=C ** -0.5)
+            p[pre + "mlp.experts.down_proj"] = rnd(E, C, EI, std=EI ** -0.5)
+            p[pre + "mlp.shared_expert.gate_proj.weight"] = rnd(S, C, std=C ** -0.5)
+            p[pre + "mlp.shared_expert.up_proj.weight"] = rnd(S, C, std=C ** -0.5)
+            p[pre + "mlp.shared_expert.down_proj.weight"] = rnd(C, S, std=S ** -0.5)
+            p[pre + "mlp.shared_expert_gate.weight"] = rnd(1, C, std=C ** -0.5)
+        else:
+            p[pre + "mlp.gate_proj.weight"] = rnd(I, C, std=C ** -0.5)
+            p[pre + "mlp.up_proj.weight"] = rnd(I, C, std=C ** -0.5)
+            p[pre + "mlp.down_proj.weight"] = rnd(C, I, std=I ** -0.5)
+    return p
 
 
 def proportional_inv_freq(theta, fraction, dim):
@@ -541,6 +722,7 @@ def fixtures():
     out += rope_scaling_fixtures(arch)
     out += moe_fixtures(arch)
     out += gemma4_fixture(arch)
+    out += qwen3_next_fixture(arch)
     return out
 
 
@@ -651,6 +833,8 @@ def make_params(a, gen):
 
     if a.get("gemma4"):
         return gemma4_params(a, rnd)
+    if a.get("qwen3_next"):
+        return qwen3_next_params(a, rnd)
 
     p = {"model.embed_tokens.weight": rnd(V, C, std=0.25 if a["tied"] else 1.0), "model.norm.weight": norm(C)}
     if not a["tied"]:
@@ -720,6 +904,21 @@ def grad_names(a):
                 "model.per_layer_model_projection.weight", "model.layers.3.per_layer_input_gate.weight",
                 "model.layers.4.post_per_layer_input_norm.weight", "model.per_layer_projection_norm.weight",
                 "model.layers.1.self_attn.k_norm.weight", "model.norm.weight"]
+    if a.get("split"):  # Qwen3.5-MoE: the four input projections, the convolution, the attention layer's q_proj
+        la = "model.layers.0.linear_attn."
+        return ["model.embed_tokens.weight", la + "in_proj_qkv.weight", la + "in_proj_z.weight",
+                la + "in_proj_b.weight", la + "in_proj_a.weight", la + "conv1d.weight", la + "A_log",
+                "model.layers.3.linear_attn.out_proj.weight", "model.layers.2.self_attn.q_proj.weight",
+                "model.layers.1.mlp.shared_expert.up_proj.weight", "model.layers.0.mlp.gate.weight",
+                "model.norm.weight"]
+    if a.get("qwen3_next"):  # every DeltaNet tensor, the gated q_proj, the shared expert and its gate, a router
+        la = "model.layers.0.linear_attn."
+        return ["model.embed_tokens.weight", la + "in_proj_qkvz.weight", la + "in_proj_ba.weight",
+                la + "conv1d.weight", la + "dt_bias", la + "A_log", la + "norm.weight", la + "out_proj.weight",
+                "model.layers.2.linear_attn.in_proj_qkvz.weight", "model.layers.1.self_attn.q_proj.weight",
+                "model.layers.1.self_attn.q_norm.weight", "model.layers.3.mlp.shared_expert.down_proj.weight",
+                "model.layers.0.mlp.shared_expert_gate.weight", "model.layers.0.mlp.gate.weight",
+                "model.layers.2.mlp.up_proj.weight", "model.norm.weight"]
     last_mlp = (f"model.layers.{L - 1}.mlp.experts.down_proj" if a.get("moe_layers", [False] * L)[L - 1]
                 else f"model.layers.{L - 1}.mlp.down_proj.weight")
     names = ["model.embed_tokens.weight", "model.layers.0.self_attn.q_proj.weight", last_mlp, "model.norm.weight"]

@@ -44,18 +44,32 @@ void print_model_info(const std::string& model_dir, const ModelInfoOptions& opt)
              " file" + (ckpt.files().size() == 1 ? "" : "s") + ")";
     if (auto d = parse_st_dtype(most); d && to_lmtune_dtype(*d)) weight_dtype = *to_lmtune_dtype(*d);
   }
-  int64_t sliding = 0;
-  for (const LayerConfig& l : c.layers) sliding += l.attention == AttentionKind::sliding;
+  int64_t sliding = 0, linear = 0;
+  for (const LayerConfig& l : c.layers) {
+    sliding += l.attention == AttentionKind::sliding && !l.linear_attention;
+    linear += l.linear_attention;
+  }
   const int64_t params = models::parameter_count(c);
 
   std::printf("model %s\n", model_dir.c_str());
   std::printf("  architecture    %s%s\n", c.model_type.c_str(),
               c.architecture.empty() ? "" : (" (" + c.architecture + ")").c_str());
-  std::printf("  layers          %lld (%lld full attention, %lld sliding window%s)\n", (long long)c.num_hidden_layers,
-              (long long)(c.num_hidden_layers - sliding), (long long)sliding,
-              c.sliding_window ? (" " + std::to_string(*c.sliding_window)).c_str() : "");
-  std::printf("  heads           %lld query, %lld key/value, head_dim %lld\n", (long long)c.num_attention_heads,
-              (long long)c.num_key_value_heads, (long long)c.head_dim);
+  if (linear > 0)
+    std::printf("  layers          %lld (%lld gated attention, %lld Gated DeltaNet)\n",
+                (long long)c.num_hidden_layers, (long long)(c.num_hidden_layers - linear), (long long)linear);
+  else
+    std::printf("  layers          %lld (%lld full attention, %lld sliding window%s)\n",
+                (long long)c.num_hidden_layers, (long long)(c.num_hidden_layers - sliding), (long long)sliding,
+                c.sliding_window ? (" " + std::to_string(*c.sliding_window)).c_str() : "");
+  std::printf("  heads           %lld query, %lld key/value, head_dim %lld%s\n", (long long)c.num_attention_heads,
+              (long long)c.num_key_value_heads, (long long)c.head_dim,
+              c.rotary_dim != c.head_dim ? (", rotary " + std::to_string(c.rotary_dim)).c_str() : "");
+  if (linear > 0) {
+    const LinearAttentionConfig& la = c.linear_attention;
+    std::printf("  Gated DeltaNet  %lld key heads of %lld, %lld value heads of %lld, convolution %lld\n",
+                (long long)la.key_heads, (long long)la.key_head_dim, (long long)la.value_heads,
+                (long long)la.value_head_dim, (long long)la.conv_kernel);
+  }
   int64_t shared = 0;
   for (const LayerConfig& l : c.layers) shared += l.kv_source >= 0;
   for (const LayerConfig& l : c.layers)
@@ -80,6 +94,8 @@ void print_model_info(const std::string& model_dir, const ModelInfoOptions& opt)
     std::printf("  experts         %lld per layer in %lld of %lld layers, %lld per token (intermediate %lld)\n",
                 (long long)c.num_experts, (long long)moe, (long long)c.num_hidden_layers,
                 (long long)c.experts_per_token, (long long)c.moe_intermediate_size);
+    if (c.shared_expert_intermediate_size > 0)
+      std::printf("  shared expert   intermediate %lld, gated\n", (long long)c.shared_expert_intermediate_size);
     std::printf("  active          %lld parameters per token (%.1fM)\n", (long long)active, double(active) / 1e6);
   }
   std::printf("  dtype           %s\n", stored.c_str());

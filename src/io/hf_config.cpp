@@ -60,6 +60,12 @@ const ModelDefaults kModels[] = {
      WindowRule::qwen_upper_layers, false, true, false, true, false, 0, 0, 0, false},
     {"qwen3_moe", 151936, 2048, 6144, 24, 32, 4, 0, 32768, 1e-6, "silu", false, 10000.0, 4096,
      WindowRule::qwen_upper_layers, false, true, false, true, false, 0, 0, 0, false},
+    {"qwen3_next", 151936, 2048, 5632, 48, 16, 2, 256, 32768, 1e-6, "silu", false, 10000.0, 0, WindowRule::none,
+     false, true, false, true, false, 0, 0, 0, false},
+    {"qwen3_5_text", 248320, 4096, 12288, 32, 16, 4, 256, 32768, 1e-6, "silu", false, 10000.0, 0, WindowRule::none,
+     false, true, false, true, false, 0, 0, 0, false},
+    {"qwen3_5_moe_text", 248320, 2048, 5632, 40, 16, 2, 256, 32768, 1e-6, "silu", false, 10000.0, 0,
+     WindowRule::none, false, true, false, true, false, 0, 0, 0, false},
     {"gemma2", 256000, 2304, 9216, 26, 8, 4, 256, 8192, 1e-6, "gelu_pytorch_tanh", true, 10000.0, 4096,
      WindowRule::gemma2_even_layers, true, false, false, true, false, 256, 50.0, 30.0, false},
     {"gemma3_text", 262208, 2304, 9216, 26, 8, 4, 256, 131072, 1e-6, "gelu_pytorch_tanh", true, 1e6, 4096,
@@ -298,7 +304,9 @@ RopeConfig parse_rope(const Scope& d, const RopeContext& ctx) {
 }
 
 const ModelDefaults& find_model(const Scope& top, const std::string& model_type) {
-  std::string wanted = model_type == "gemma3" ? "gemma3_text" : model_type == "gemma4" ? "gemma4_text" : model_type;
+  const bool wrapper = model_type == "gemma3" || model_type == "gemma4" || model_type == "qwen3_5" ||
+                       model_type == "qwen3_5_moe";
+  const std::string wanted = wrapper ? model_type + "_text" : model_type;
   for (const ModelDefaults& m : kModels)
     if (wanted == m.model_type) return m;
   std::string list;
@@ -309,17 +317,26 @@ const ModelDefaults& find_model(const Scope& top, const std::string& model_type)
 // Mixture-of-experts keys (MixtralConfig, Qwen3MoeConfig defaults). Mixtral's every layer is sparse, with experts
 // of intermediate_size and the top-k probabilities always renormalized; Qwen3-MoE's layer i is sparse unless it is
 // listed in mlp_only_layers or (i + 1) is not a multiple of decoder_sparse_step.
-void parse_moe(const Scope& s, ModelConfig& c) {
-  const bool mixtral = c.model_type == "mixtral";
+// Qwen3-Next adds a shared expert (and 0 experts means dense layers); Qwen3.5-MoE's every layer is sparse, its
+// top-k always renormalized.
+void parse_moe(const Scope& s, ModelConfig& c, const std::string& type) {
+  const bool mixtral = type == "mixtral", next = type == "qwen3_next", q35 = type == "qwen3_5_moe_text";
   const char* experts_key = mixtral ? "num_local_experts" : "num_experts";
-  c.num_experts = s.positive_int(experts_key, mixtral ? 8 : 128, 4096);
-  c.experts_per_token = s.positive_int("num_experts_per_tok", mixtral ? 2 : 8, 4096);
+  if (next && s.opt_int(experts_key).value_or(512) == 0) return;  // Qwen3NextConfig: 0 experts = dense layers
+  c.num_experts = s.positive_int(experts_key, mixtral ? 8 : next ? 512 : q35 ? 256 : 128, 4096);
+  c.experts_per_token = s.positive_int("num_experts_per_tok", mixtral ? 2 : next ? 10 : 8, 4096);
   if (c.experts_per_token > c.num_experts)
     s.fail("num_experts_per_tok", std::to_string(c.experts_per_token) + " is more than the " +
                                       std::to_string(c.num_experts) + " experts of " + experts_key);
-  c.moe_intermediate_size =
-      mixtral ? c.intermediate_size : s.positive_int("moe_intermediate_size", 768, int64_t(1) << 20);
-  c.norm_topk_prob = mixtral || s.opt_bool("norm_topk_prob").value_or(false);
+  c.moe_intermediate_size = mixtral ? c.intermediate_size
+                                    : s.positive_int("moe_intermediate_size", next || q35 ? 512 : 768, 1 << 20);
+  c.norm_topk_prob = mixtral || q35 || s.opt_bool("norm_topk_prob").value_or(next);
+  if (next || q35)
+    c.shared_expert_intermediate_size = s.positive_int("shared_expert_intermediate_size", 512, 1 << 20);
+  if (q35) {
+    for (LayerConfig& l : c.layers) l.moe = true;
+    return;
+  }
   c.router_aux_loss_coef = s.opt_num("router_aux_loss_coef").value_or(0.001);
   if (!(c.router_aux_loss_coef >= 0)) s.fail("router_aux_loss_coef", "must be non-negative");
   c.output_router_logits = s.opt_bool("output_router_logits").value_or(false);
@@ -434,6 +451,26 @@ void parse_gemma4(const Scope& s, ModelConfig& c) {
                                              ": some tokens would have no per-layer input");
 }
 
+// Qwen3NextConfig and Qwen3.5's text configs: Gated DeltaNet layers where layer_types says linear_attention (by
+// default all but every full_attention_interval-th), gated attention with (1 + w) norms elsewhere, and the
+// experts' shared expert. Qwen3.5 projects q, k, v, z, b and a separately (in_proj_qkv, _z, _b, _a).
+void parse_qwen3_next(const Scope& s, ModelConfig& c, const std::string& type) {
+  c.norm_style = NormStyle::one_plus_weight;
+  c.gated_attention = true;
+  LinearAttentionConfig& la = c.linear_attention;
+  la.conv_kernel = s.positive_int("linear_conv_kernel_dim", 4, 64);
+  la.key_head_dim = s.positive_int("linear_key_head_dim", 128, 1024);
+  la.value_head_dim = s.positive_int("linear_value_head_dim", 128, 1024);
+  la.key_heads = s.positive_int("linear_num_key_heads", 16, 1024);
+  la.value_heads = s.positive_int("linear_num_value_heads", 32, 1024);
+  if (la.value_heads % la.key_heads != 0)
+    s.fail("linear_num_value_heads", std::to_string(la.value_heads) + " is not a multiple of linear_num_key_heads " +
+                                         std::to_string(la.key_heads));
+  la.split_projections = type != "qwen3_next";
+  for (size_t i = 0; i < c.layers.size(); ++i) c.layers[i].linear_attention = c.layer_types[i] == "linear_attention";
+  if (type != "qwen3_5_text") parse_moe(s, c, type);
+}
+
 }  // namespace
 
 std::string_view activation_name(Activation a) {
@@ -447,8 +484,9 @@ std::string_view activation_name(Activation a) {
 
 const std::vector<std::string>& supported_model_types() {
   static const std::vector<std::string> types = {"llama", "mistral",     "mixtral", "qwen2", "qwen3",
-                                                 "qwen3_moe", "gemma2", "gemma3_text", "gemma3",
-                                                 "gemma4_text", "gemma4"};
+                                                 "qwen3_moe", "qwen3_next", "qwen3_5_text", "qwen3_5",
+                                                 "qwen3_5_moe_text", "qwen3_5_moe", "gemma2", "gemma3_text",
+                                                 "gemma3", "gemma4_text", "gemma4"};
   return types;
 }
 
@@ -462,7 +500,7 @@ ModelConfig parse_model_config(std::string_view json_text, const std::string& wh
   c.model_type = *model_type;
   const ModelDefaults& d = find_model(top, c.model_type);
   // The multimodal gemma3 / gemma4 configs keep the language model's settings under text_config.
-  const bool wrapper = c.model_type == "gemma3" || c.model_type == "gemma4";
+  const bool wrapper = c.model_type != d.model_type;
   Scope s = wrapper ? top.sub("text_config") : top;
   const bool gemma4 = std::string_view(d.model_type) == "gemma4_text";
 
@@ -491,7 +529,13 @@ ModelConfig parse_model_config(std::string_view json_text, const std::string& wh
                                         std::to_string(c.num_attention_heads) + " heads and head_dim is not given");
     c.head_dim = c.hidden_size / c.num_attention_heads;
   }
-  double partial = s.opt_num("partial_rotary_factor").value_or(1.0);
+  // transformers 5 keeps partial_rotary_factor in rope_parameters (Gemma 4's there means its proportional rope's).
+  const std::string_view family = d.model_type;  // Gated DeltaNet hybrids:
+  const bool next = family == "qwen3_next" || family == "qwen3_5_text" || family == "qwen3_5_moe_text";
+  std::optional<double> partial_in_rope;
+  if (!gemma4 && s.has("rope_parameters"))
+    partial_in_rope = s.sub("rope_parameters").opt_num("partial_rotary_factor");
+  double partial = s.opt_num("partial_rotary_factor").value_or(partial_in_rope.value_or(next ? 0.25 : 1.0));
   c.rotary_dim = int64_t(double(c.head_dim) * partial);
   if (!(partial > 0 && partial <= 1) || c.rotary_dim <= 0 || c.rotary_dim % 2 != 0)
     s.fail("partial_rotary_factor", "gives rotary dimension " + std::to_string(c.rotary_dim) +
@@ -547,10 +591,17 @@ ModelConfig parse_model_config(std::string_view json_text, const std::string& wh
     if (!lt->is_array() || int64_t(lt->size()) != n_layers)
       s.fail("layer_types", "expected a list of " + std::to_string(n_layers) + " strings (one per layer)");
     for (const json& t : *lt) {
-      if (!t.is_string() || (t != "full_attention" && t != "sliding_attention"))
-        s.fail("layer_types", "entries must be \"full_attention\" or \"sliding_attention\", got " + t.dump());
+      const char* second = next ? "linear_attention" : "sliding_attention";
+      if (!t.is_string() || (t != "full_attention" && t != second))
+        s.fail("layer_types", std::string("entries must be \"full_attention\"") +
+                                  (next ? " or \"linear_attention\"" : " or \"sliding_attention\"") + ", got " +
+                                  t.dump());
       c.layer_types.push_back(t.get<std::string>());
     }
+  } else if (next) {
+    const int64_t interval = s.positive_int("full_attention_interval", 4, 1024);
+    for (int64_t i = 0; i < n_layers; ++i)
+      c.layer_types.push_back((i + 1) % interval ? "linear_attention" : "full_attention");
   } else {
     for (int64_t i = 0; i < n_layers; ++i) {
       bool sliding = false;
@@ -619,8 +670,9 @@ ModelConfig parse_model_config(std::string_view json_text, const std::string& wh
   c.norm_style = d.gemma ? NormStyle::one_plus_weight : NormStyle::weight;
   c.qk_norm = d.qk_norm;
   c.sandwich_norms = d.gemma;
-  if (c.model_type == "mixtral" || c.model_type == "qwen3_moe") parse_moe(s, c);
+  if (c.model_type == "mixtral" || c.model_type == "qwen3_moe") parse_moe(s, c, c.model_type);
   if (gemma4) parse_gemma4(s, c);
+  if (next) parse_qwen3_next(s, c, d.model_type);
 
   // Token ids may sit in text_config or at the top level (gemma3, gemma4).
   const Scope& eos_scope = s.has("eos_token_id") ? s : top;

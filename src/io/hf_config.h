@@ -73,13 +73,27 @@ struct LayerConfig {
   // that computes its own) and has no k/v projections; -1: its own.
   int kv_source = -1;
   bool k_eq_v = false;  // Gemma 4's attention_k_eq_v on full layers: the values are the key projection (no v_proj)
+  // Qwen3-Next's linear_attention layers: a Gated DeltaNet (models/gated_deltanet.h) mixes the tokens instead of
+  // attention (no q/k/v/o projections, no KV cache; a recurrent state instead).
+  bool linear_attention = false;
+};
+
+// The Gated DeltaNet layers' shapes (Qwen3NextConfig's linear_* keys): key heads of key_head_dim, value heads of
+// value_head_dim (a multiple of the key heads; each key head serves value_heads / key_heads of them), and the
+// kernel size of the short causal convolution over their queries, keys and values.
+struct LinearAttentionConfig {
+  int64_t conv_kernel = 0, key_head_dim = 0, value_head_dim = 0, key_heads = 0, value_heads = 0;
+  // Qwen3.5: in_proj_qkv, in_proj_z, in_proj_b, in_proj_a; else (Qwen3-Next) in_proj_qkvz and in_proj_ba, grouped
+  // per key head.
+  bool split_projections = false;
+  int64_t conv_channels() const { return 2 * key_heads * key_head_dim + value_heads * value_head_dim; }
 };
 
 // How RMSNorm applies its weight: x̂ * w, or x̂ * (1 + w) (Gemma; weights are stored as offsets from 1).
 enum class NormStyle { weight, one_plus_weight };
 
 struct ModelConfig {
-  std::string model_type;    // as written in config.json ("gemma3" for the multimodal wrapper)
+  std::string model_type;    // as written in config.json ("gemma3", "qwen3_5_moe" for the multimodal wrappers)
   std::string architecture;  // architectures[0], or empty
   std::string torch_dtype;   // "torch_dtype" or "dtype", or empty
 
@@ -134,6 +148,10 @@ struct ModelConfig {
   // mixed with a projection of the embedded tokens. 0: none.
   int64_t per_layer_input_size = 0;
   int64_t per_layer_vocab_size = 0;
+  // qwen3_next: q_proj yields, per head, the queries and as many gate values; attention's output is multiplied by
+  // sigmoid(gate) before o_proj.
+  bool gated_attention = false;
+  LinearAttentionConfig linear_attention;  // qwen3_next's Gated DeltaNet layers (LayerConfig::linear_attention)
 
   // Mixture of experts (mixtral, qwen3_moe): on layers with LayerConfig::moe a router picks, per token, the
   // experts_per_token most probable of num_experts SwiGLU experts (each of moe_intermediate_size) and sums their
@@ -148,6 +166,9 @@ struct ModelConfig {
   // stream normed by pre_feedforward_layernorm_2; the router normalizes its input without a weight, scales it by
   // router.scale · C^-1/2, and multiplies each chosen expert's renormalized probability by its per_expert_scale.
   bool experts_beside_mlp = false;
+  // qwen3_next: a SwiGLU shared expert of this size runs beside the routed ones on every expert layer, its output
+  // multiplied by sigmoid(shared_expert_gate(h)). 0: none.
+  int64_t shared_expert_intermediate_size = 0;
 
   std::vector<int64_t> eos_token_ids;
   std::optional<int64_t> bos_token_id;

@@ -10,7 +10,9 @@
 
 namespace lmtune::models {
 namespace {
-const char* kKinds[] = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
+const char* kKinds[] = {"q_proj",       "k_proj",     "v_proj",      "o_proj",    "gate_proj",
+                        "up_proj",      "down_proj",  "in_proj_qkvz", "in_proj_ba", "in_proj_qkv",
+                        "in_proj_z",    "in_proj_b",  "in_proj_a",   "out_proj",  "shared_expert_gate"};
 const char* kExpertParams[] = {"gate_up_proj", "down_proj"};  // the experts module's declaration order
 
 bool wants_experts(const std::vector<std::string>& targets) {
@@ -94,14 +96,27 @@ std::vector<NamedLinear> named_linears(DecoderWeights& w) {
     std::string p = "model.layers." + std::to_string(i) + ".";
     LayerWeights& l = w.layers[i];
     auto has = [](const Linear& lin) { return lin.weight.defined() || lin.qweight.defined(); };
-    out.push_back({p + "self_attn.q_proj", "q_proj", &l.attn.q});
-    if (has(l.attn.k)) out.push_back({p + "self_attn.k_proj", "k_proj", &l.attn.k});  // Gemma 4: shared layers
-    if (has(l.attn.v)) out.push_back({p + "self_attn.v_proj", "v_proj", &l.attn.v});  // and k_eq_v have none
-    out.push_back({p + "self_attn.o_proj", "o_proj", &l.attn.o});
-    if (!l.mlp.gate.weight.defined() && !l.mlp.gate.qweight.defined()) continue;  // experts instead of an MLP
-    out.push_back({p + "mlp.gate_proj", "gate_proj", &l.mlp.gate});
-    out.push_back({p + "mlp.up_proj", "up_proj", &l.mlp.up});
-    out.push_back({p + "mlp.down_proj", "down_proj", &l.mlp.down});
+    auto add = [&](const std::string& module, const char* kind, Linear& lin) {
+      if (has(lin)) out.push_back({p + module, kind, &lin});
+    };
+    add("self_attn.q_proj", "q_proj", l.attn.q);  // none on a Gated DeltaNet layer
+    add("self_attn.k_proj", "k_proj", l.attn.k);  // Gemma 4: shared layers
+    add("self_attn.v_proj", "v_proj", l.attn.v);  // and k_eq_v have none
+    add("self_attn.o_proj", "o_proj", l.attn.o);
+    add("linear_attn.in_proj_qkvz", "in_proj_qkvz", l.delta.in_qkvz);
+    add("linear_attn.in_proj_ba", "in_proj_ba", l.delta.in_ba);
+    add("linear_attn.in_proj_qkv", "in_proj_qkv", l.delta.in_qkv);  // Qwen3.5
+    add("linear_attn.in_proj_z", "in_proj_z", l.delta.in_z);
+    add("linear_attn.in_proj_b", "in_proj_b", l.delta.in_b);
+    add("linear_attn.in_proj_a", "in_proj_a", l.delta.in_a);
+    add("linear_attn.out_proj", "out_proj", l.delta.out);
+    add("mlp.gate_proj", "gate_proj", l.mlp.gate);  // expert layers have no dense MLP
+    add("mlp.up_proj", "up_proj", l.mlp.up);
+    add("mlp.down_proj", "down_proj", l.mlp.down);
+    add("mlp.shared_expert.gate_proj", "gate_proj", l.moe.shared.gate);  // qwen3_next's shared expert
+    add("mlp.shared_expert.up_proj", "up_proj", l.moe.shared.up);
+    add("mlp.shared_expert.down_proj", "down_proj", l.moe.shared.down);
+    add("mlp.shared_expert_gate", "shared_expert_gate", l.moe.shared_gate);
   }
   return out;
 }

@@ -32,6 +32,7 @@
 #include "core/ops.h"
 #include "core/ops/rope_append.h"
 #include "core/ops/view.h"
+#include "models/gated_deltanet.h"
 #include "models/moe.h"
 
 namespace lmtune::models {
@@ -66,10 +67,24 @@ void check_ids(const Tensor& t, const char* what, const Shape& shape) {
 std::vector<Linear*> DecoderWeights::linears() {
   std::vector<Linear*> out;
   for (LayerWeights& l : layers)
-    for (Linear* p : {&l.attn.q, &l.attn.k, &l.attn.v, &l.attn.o, &l.mlp.gate, &l.mlp.up, &l.mlp.down})
+    for (Linear* p : l.linears())
       if (p->weight.defined() || p->qweight.defined()) out.push_back(p);  // expert layers have no dense MLP
   return out;
 }
+
+namespace {
+template <typename Layer>
+auto layer_linears(Layer& l) {
+  return std::vector{&l.attn.q,         &l.attn.k,        &l.attn.v,           &l.attn.o,
+                     &l.delta.in_qkvz,  &l.delta.in_ba,   &l.delta.in_qkv,     &l.delta.in_z,
+                     &l.delta.in_b,     &l.delta.in_a,    &l.delta.out,        &l.mlp.gate,
+                     &l.mlp.up,         &l.mlp.down,      &l.moe.shared.gate,  &l.moe.shared.up,
+                     &l.moe.shared.down, &l.moe.shared_gate};
+}
+}  // namespace
+
+std::vector<Linear*> LayerWeights::linears() { return layer_linears(*this); }
+std::vector<const Linear*> LayerWeights::linears() const { return layer_linears(*this); }
 
 std::vector<Tensor> LayerWeights::trainable() const {
   std::vector<Tensor> out;
@@ -79,14 +94,14 @@ std::vector<Tensor> LayerWeights::trainable() const {
   for (const Tensor* t : {&input_norm, &post_attn_norm, &pre_mlp_norm, &post_mlp_norm, &attn.q_norm, &attn.k_norm,
                           &moe.router, &moe.gate_up, &moe.down, &ple_gate.weight, &ple_proj.weight, &ple_norm,
                           &moe.router_scale, &moe.per_expert_scale, &experts_in_norm, &mlp_out_norm,
-                          &experts_out_norm})
+                          &experts_out_norm, &delta.conv, &delta.dt_bias, &delta.a_log, &delta.norm})
     add(*t);
   for (const auto* adapters : {&moe.gate_up_adapters, &moe.down_adapters})
     for (const ExpertAdapter& a : *adapters) {
       add(a.A);
       add(a.B);
     }
-  for (const Linear* lin : {&attn.q, &attn.k, &attn.v, &attn.o, &mlp.gate, &mlp.up, &mlp.down}) {
+  for (const Linear* lin : linears()) {
     add(lin->weight);
     add(lin->bias);
     for (const LoraAdapter& a : lin->adapters) {
@@ -129,11 +144,15 @@ KvCache::KvCache(const ModelConfig& config, int64_t batch, DType dtype, Device d
     layers_[i].kv_heads = lc.kv_heads;
     layers_[i].head_dim = lc.head_dim;
     layers_[i].shared = lc.kv_source >= 0;
+    layers_[i].linear = lc.linear_attention;
   }
 }
 
 void KvCache::clear() {
-  for (Layer& l : layers_) l.used = 0;
+  for (Layer& l : layers_) {
+    l.used = 0;
+    l.state = {};
+  }
   length_ = 0;
   valid_.clear();
   padded_ = false;
@@ -156,9 +175,18 @@ void KvCache::record_attend_mask(const std::vector<int32_t>& mask, int64_t token
 
 size_t KvCache::bytes() const {
   size_t n = 0;
-  for (const Layer& l : layers_)
+  for (const Layer& l : layers_) {
     if (l.k.defined()) n += l.k.nbytes() + l.v.nbytes();
+    for (const Tensor* t : {&l.state.conv, &l.state.delta})
+      if (t->defined()) n += t->nbytes();
+  }
   return n;
+}
+
+DeltaNetState& KvCache::delta_state(int layer) {
+  if (layer < 0 || size_t(layer) >= layers_.size() || !layers_[size_t(layer)].linear)
+    throw ShapeError("kv cache: layer " + std::to_string(layer) + " is not a Gated DeltaNet layer");
+  return layers_[size_t(layer)].state;
 }
 
 void KvCache::reserve(Layer& l, int64_t tokens) {
@@ -179,7 +207,9 @@ KvCache::Layer& KvCache::make_room(int layer, const Shape& keys) {
   if (layer < 0 || size_t(layer) >= layers_.size())
     throw ShapeError("kv cache: layer " + std::to_string(layer) + " out of range");
   Layer& l = layers_[size_t(layer)];
-  if (l.shared) throw ShapeError("kv cache: layer " + std::to_string(layer) + " attends to another layer's keys");
+  if (l.shared || l.linear)
+    throw ShapeError("kv cache: layer " + std::to_string(layer) + " stores no keys (" +
+                     (l.shared ? "it attends to another layer's" : "a Gated DeltaNet layer") + ")");
   Shape expect{batch_, keys.size() == 4 ? keys[1] : 0, l.kv_heads, l.head_dim};
   if (keys != expect)
     throw ShapeError("kv cache: expected keys/values " + to_string(expect) + ", got " + to_string(keys));
@@ -246,6 +276,26 @@ int64_t KvCache::row_tokens(int64_t b) const {
   return n;
 }
 
+DeltaNetState KvCache::regrouped_state(const std::vector<RowRef>& rows, size_t layer) const {
+  // A recurrent state has no timeline: row i's is rows[i]'s (zeros where that row has seen no token yet).
+  DeltaNetState out;
+  for (Tensor DeltaNetState::*part : {&DeltaNetState::conv, &DeltaNetState::delta}) {
+    Shape row_shape;
+    for (const RowRef& r : rows)
+      if (const Tensor& t = r.cache->layers_[layer].state.*part; t.defined()) row_shape = t.shape();
+    if (row_shape.empty()) continue;
+    row_shape[0] = 1;
+    std::vector<Tensor> picked;
+    for (const RowRef& r : rows) {
+      const Tensor& t = r.cache->layers_[layer].state.*part;
+      picked.push_back(t.defined() ? ops::slice(t, 0, r.row, r.row + 1)
+                                   : Tensor::zeros(row_shape, DType::f32, device_));
+    }
+    out.*part = ops::contiguous(ops::concat(picked, 0));
+  }
+  return out;
+}
+
 void KvCache::regroup(const std::vector<RowRef>& rows) {
   // Each source row keeps its columns from its first real token on ("extent"); the new timeline is the longest
   // extent, and shorter rows are padded on the left.
@@ -259,13 +309,15 @@ void KvCache::regroup(const std::vector<RowRef>& rows) {
       throw ShapeError("kv cache: regroup of row " + std::to_string(rows[i].row) + " of a batch of " +
                        std::to_string(src.batch_));
     bool same_shapes = src.layers_.size() == layers_.size();
-    for (size_t li = 0; same_shapes && li < layers_.size(); ++li)
-      same_shapes = src.layers_[li].kv_heads == layers_[li].kv_heads &&
-                    src.layers_[li].head_dim == layers_[li].head_dim && src.layers_[li].shared == layers_[li].shared;
+    for (size_t li = 0; same_shapes && li < layers_.size(); ++li) {
+      const Layer &a = src.layers_[li], &b = layers_[li];
+      same_shapes =
+          a.kv_heads == b.kv_heads && a.head_dim == b.head_dim && a.shared == b.shared && a.linear == b.linear;
+    }
     if (!same_shapes || src.dtype_ != dtype_ || src.device_ != device_)
       throw ShapeError("kv cache: regroup across caches of different models, dtypes or devices");
     for (const Layer& l : src.layers_)
-      if (!l.shared && (l.window > 0 || l.used != src.length_))
+      if (!l.shared && !l.linear && (l.window > 0 || l.used != src.length_))
         throw ShapeError("kv cache: regroup needs caches that keep every token (bound_sliding = false)");
     int64_t first = 0;
     if (src.padded_) {
@@ -285,6 +337,11 @@ void KvCache::regroup(const std::vector<RowRef>& rows) {
     dst.kv_heads = layers_[li].kv_heads;
     dst.head_dim = layers_[li].head_dim;
     dst.shared = layers_[li].shared;
+    dst.linear = layers_[li].linear;
+    if (dst.linear) {
+      dst.state = regrouped_state(rows, li);
+      continue;
+    }
     if (n == 0 || dst.shared) continue;
     dst.k = Tensor::zeros({n, capacity, dst.kv_heads, dst.head_dim}, dtype_, device_);
     dst.v = Tensor::zeros({n, capacity, dst.kv_heads, dst.head_dim}, dtype_, device_);
@@ -340,6 +397,7 @@ Decoder::Decoder(ModelConfig config, DecoderWeights weights, DType compute_dtype
   for (size_t i = 0; i < config_.layers.size(); ++i) {
     const LayerConfig& lc = config_.layers[i];
     if (lc.kv_source >= 0) kv_provider_[size_t(lc.kv_source)] = true;
+    has_linear_attention_ = has_linear_attention_ || lc.linear_attention;
     const Tensor& scalar = weights_.layers[i].layer_scalar;
     layer_scalars_.push_back(config_.layer_scalar && scalar.defined() ? scalar.to_floats().at(0) : 1.0f);
     if (config_.v_norm && !unit_weights_.count(lc.head_dim))
@@ -445,7 +503,7 @@ void fuse_projections(DecoderWeights& weights) {
 
 std::pair<Tensor, KvCache::View> Decoder::attention_inputs(int index, const Tensor& h, const Tensor& positions,
                                                            const Tensor& inv_freq, const ForwardOptions& options,
-                                                           const LayerIo& io) const {
+                                                           const LayerIo& io, Tensor* gate) const {
   const LayerWeights& w = weights_.layers[size_t(index)];
   const LayerConfig& lc = config_.layers[size_t(index)];
   const int64_t B = h.dim(0), T = h.dim(1);
@@ -454,7 +512,14 @@ std::pair<Tensor, KvCache::View> Decoder::attention_inputs(int index, const Tens
   const std::vector<const Linear*> parts = attention_parts(w.attn);
   Tensor whole;  // the group's product [B, T, (H + 2 KV) D] where it takes q, k and v as one
   const std::vector<Tensor> qkv = w.attn.qkv(parts, h, options.row_adapters, &whole);
-  Tensor q = ops::reshape(qkv[0], {B, T, H, D});
+  Tensor q;
+  if (gate) {  // per head: D queries, then D gate values
+    const Tensor qg = ops::reshape(qkv[0], {B, T, H, 2 * D});
+    q = ops::slice(qg, 3, 0, D);
+    *gate = ops::reshape(ops::slice(qg, 3, D, 2 * D), {B, T, H * D});
+  } else {
+    q = ops::reshape(qkv[0], {B, T, H, D});
+  }
   if (config_.qk_norm) q = norm(q, w.attn.q_norm);
   if (io.shared_kv) {  // Gemma 4: keys and values (and their cache view) are the source layer's
     q = ops::rope(q, positions, inv_freq, ops::RopeLayout::half_split, rope_scale);
@@ -465,7 +530,7 @@ std::pair<Tensor, KvCache::View> Decoder::attention_inputs(int index, const Tens
   Tensor qk;  // queries' and keys' heads side by side, where no q/k norm sits between the product and the rope
   if (config_.qk_norm) {
     k = norm(k, w.attn.k_norm);
-  } else if (whole.defined()) {
+  } else if (whole.defined() && !gate) {
     qk = ops::reshape(ops::slice(whole, -1, 0, (H + KV) * D), {B, T, H + KV, D});
   }
   if (config_.v_norm) v = ops::rms_norm(v, unit_weights_.at(D), float(config_.rms_norm_eps));
@@ -482,14 +547,19 @@ std::pair<Tensor, KvCache::View> Decoder::attention_inputs(int index, const Tens
   return {q, view};
 }
 
-Tensor Decoder::layer_forward(int index, const Tensor& x, const Tensor& positions, const Tensor& inv_freq,
-                              const ForwardOptions& options, const LayerIo& io) const {
+Tensor Decoder::attention_residual(int index, const Tensor& x, const Tensor& positions, const Tensor& inv_freq,
+                                   const ForwardOptions& options, const LayerIo& io) const {
   const LayerWeights& w = weights_.layers[size_t(index)];
   const LayerConfig& lc = config_.layers[size_t(index)];
   const int64_t B = x.dim(0), T = x.dim(1);
-
-  // ---- attention ----
-  auto [q, view] = attention_inputs(index, norm(x, w.input_norm), positions, inv_freq, options, io);
+  if (lc.linear_attention) {
+    DeltaNetState* state = options.cache ? &options.cache->delta_state(index) : nullptr;
+    return ops::add(x, gated_deltanet(w.delta, config_.linear_attention, norm(x, w.input_norm), *io.delta_masks,
+                                      state, options.row_adapters, float(config_.rms_norm_eps)));
+  }
+  Tensor gate;
+  auto [q, view] = attention_inputs(index, norm(x, w.input_norm), positions, inv_freq, options, io,
+                                    config_.gated_attention ? &gate : nullptr);
   if (io.kv_out) *io.kv_out = view;
   ops::AttentionOptions ao;
   ao.scale = config_.attn_scale;
@@ -501,10 +571,17 @@ Tensor Decoder::layer_forward(int index, const Tensor& x, const Tensor& position
   ao.key_mask = options.cache ? view.key_mask : options.attend_mask;
   // x + o_proj(a): the sum in the product's epilogue where it can be (Linear::add_to); sandwich norms come first.
   const int64_t HD = config_.num_attention_heads * lc.head_dim;
-  const Tensor a = ops::reshape(ops::attention(q, view.k, view.v, ao), {B, T, HD});
-  const Tensor r = config_.sandwich_norms ? ops::add(x, norm(w.attn.o(a, options.row_adapters), w.post_attn_norm))
-                                          : w.attn.o.add_to(x, a, options.row_adapters);
+  Tensor a = ops::reshape(ops::attention(q, view.k, view.v, ao), {B, T, HD});
+  if (gate.defined()) a = ops::mul(a, ops::sigmoid(gate));
+  return config_.sandwich_norms ? ops::add(x, norm(w.attn.o(a, options.row_adapters), w.post_attn_norm))
+                                : w.attn.o.add_to(x, a, options.row_adapters);
+}
 
+Tensor Decoder::layer_forward(int index, const Tensor& x, const Tensor& positions, const Tensor& inv_freq,
+                              const ForwardOptions& options, const LayerIo& io) const {
+  const LayerWeights& w = weights_.layers[size_t(index)];
+  const LayerConfig& lc = config_.layers[size_t(index)];
+  const Tensor r = attention_residual(index, x, positions, inv_freq, options, io);
   Tensor y = mlp_forward(w, lc, norm(r, w.pre_mlp_norm), r, options, io.router_logits);
   if (io.per_layer_input.defined()) {
     const Tensor g = ops::gated_activation(w.ple_gate(y), io.per_layer_input, gate_activation());
@@ -527,38 +604,36 @@ Tensor Decoder::mlp_forward(const LayerWeights& w, const LayerConfig& lc, const 
                             const ForwardOptions& options, Tensor* router_logits) const {
   const ops::GateActivation act = gate_activation();
   if (lc.moe && config_.experts_beside_mlp) {  // Gemma 4: norm(norm(mlp(h)) + norm(experts(norm(r))))
-    const Tensor dense = norm(dense_mlp(w, h, options), w.mlp_out_norm);
+    const Tensor dense = norm(dense_mlp(w.mlp, h, options), w.mlp_out_norm);
     const Tensor experts = moe_mlp(w.moe, norm(r, w.experts_in_norm), config_, act, router_logits,
                                    options.row_adapters, r);
     return ops::add(r, norm(ops::add(dense, norm(experts, w.experts_out_norm)), w.post_mlp_norm));
   }
   if (lc.moe) {
     Tensor m = moe_mlp(w.moe, h, config_, act, router_logits, options.row_adapters);
+    if (w.moe.shared_gate.weight.defined())  // qwen3_next: + sigmoid(shared_gate(h)) * shared_expert(h)
+      m = ops::add(m, ops::mul(ops::sigmoid(w.moe.shared_gate(h, options.row_adapters)),
+                               dense_mlp(w.moe.shared, h, options)));
     return ops::add(r, config_.sandwich_norms ? norm(m, w.post_mlp_norm) : m);
   }
-  // act(gate) * up: in the one product of gate and up where their group takes it (decoding), else in one fused
-  // kernel after the products (its backward saves only gate and up).
-  Tensor gated;
-  if (paths_.fused_glu) gated = w.mlp.gate_up.gated(w.mlp.gate, w.mlp.up, h, act, options.row_adapters);
-  if (!gated.defined()) {
-    const std::vector<Tensor> gate_up = w.mlp.gate_up({&w.mlp.gate, &w.mlp.up}, h, options.row_adapters);
-    const Tensor &gate = gate_up[0], &up = gate_up[1];
-    gated = paths_.fused_glu ? ops::gated_activation(gate, up, act) : ops::gated_activation_reference(gate, up, act);
-  }
-  if (config_.sandwich_norms) return ops::add(r, norm(w.mlp.down(gated, options.row_adapters), w.post_mlp_norm));
-  return w.mlp.down.add_to(r, gated, options.row_adapters);
+  if (config_.sandwich_norms) return ops::add(r, norm(dense_mlp(w.mlp, h, options), w.post_mlp_norm));
+  return w.mlp.down.add_to(r, gated_product(w.mlp, h, options), options.row_adapters);
 }
 
-Tensor Decoder::dense_mlp(const LayerWeights& w, const Tensor& h, const ForwardOptions& options) const {
+Tensor Decoder::gated_product(const MlpWeights& w, const Tensor& h, const ForwardOptions& options) const {
+  // act(gate) * up: in the one product of gate and up where their group takes it (decoding), else in one fused
+  // kernel after the products (its backward saves only gate and up).
   const ops::GateActivation act = gate_activation();
   Tensor gated;
-  if (paths_.fused_glu) gated = w.mlp.gate_up.gated(w.mlp.gate, w.mlp.up, h, act, options.row_adapters);
-  if (!gated.defined()) {
-    const std::vector<Tensor> gate_up = w.mlp.gate_up({&w.mlp.gate, &w.mlp.up}, h, options.row_adapters);
-    gated = paths_.fused_glu ? ops::gated_activation(gate_up[0], gate_up[1], act)
-                             : ops::gated_activation_reference(gate_up[0], gate_up[1], act);
-  }
-  return w.mlp.down(gated, options.row_adapters);
+  if (paths_.fused_glu) gated = w.gate_up.gated(w.gate, w.up, h, act, options.row_adapters);
+  if (gated.defined()) return gated;
+  const std::vector<Tensor> gate_up = w.gate_up({&w.gate, &w.up}, h, options.row_adapters);
+  return paths_.fused_glu ? ops::gated_activation(gate_up[0], gate_up[1], act)
+                          : ops::gated_activation_reference(gate_up[0], gate_up[1], act);
+}
+
+Tensor Decoder::dense_mlp(const MlpWeights& w, const Tensor& h, const ForwardOptions& options) const {
+  return w.down(gated_product(w, h, options), options.row_adapters);
 }
 
 Tensor Decoder::forward_hidden(const Tensor& ids, const Tensor& positions, const ForwardOptions& options) const {
@@ -585,6 +660,11 @@ Tensor Decoder::forward_hidden(const Tensor& ids, const Tensor& positions, const
   const Tensor ple = per_layer_inputs(ids, x);
 
   const std::vector<Tensor> inv_freq = call_frequencies(positions);
+  // Gated DeltaNet layers see where sequences start (one read of the positions per call, shared by the layers).
+  auto delta_masks = std::make_shared<DeltaNetMasks>();
+  if (has_linear_attention_)
+    *delta_masks = delta_net_masks(positions.to_ints(), ids.dim(0), ids.dim(1),
+                                   config_.linear_attention.conv_kernel, device());
   const bool checkpointing = options.checkpoint_layers && grad_enabled() && !options.cache;
   const int layers = int(weights_.layers.size());
   // Keys and values of the layers that later layers attend to (Gemma 4).
@@ -605,9 +685,10 @@ Tensor Decoder::forward_hidden(const Tensor& ids, const Tensor& positions, const
       opt.checkpoint_layers = false;
       opt.router_logits = nullptr;
       const bool has_p = p_i.defined();
-      Fn layer = [this, i, positions, freq = inv_freq[size_t(i)], opt, wants_logits, provides, shares,
-                  has_p](const std::vector<Tensor>& in) {
+      Fn layer = [this, i, positions, freq = inv_freq[size_t(i)], opt, wants_logits, provides, shares, has_p,
+                  delta_masks](const std::vector<Tensor>& in) {
         LayerIo io;
+        io.delta_masks = delta_masks.get();
         size_t next = 1;
         if (has_p) io.per_layer_input = in[next++];
         KvCache::View shared, produced;
@@ -641,6 +722,7 @@ Tensor Decoder::forward_hidden(const Tensor& ids, const Tensor& positions, const
       if (provides) kv[size_t(i)] = {out[next], out[next + 1], 0, Tensor()};
     } else {
       LayerIo io;
+      io.delta_masks = delta_masks.get();
       io.per_layer_input = p_i;
       if (shares) io.shared_kv = &kv[size_t(lc.kv_source)];
       if (provides) io.kv_out = &kv[size_t(i)];

@@ -51,6 +51,26 @@ struct MoeWeights {
   std::vector<ExpertAdapter> gate_up_adapters, down_adapters;
   Tensor router_scale;      // Gemma 4: [C], the router input's scale (router.scale), else undefined
   Tensor per_expert_scale;  // Gemma 4: [E], each chosen expert's weight is multiplied by its entry
+  // qwen3_next's shared expert (mlp.shared_expert.*) and its gate [1, C] (mlp.shared_expert_gate), else undefined.
+  MlpWeights shared;
+  Linear shared_gate;
+};
+
+// A Gated DeltaNet layer (qwen3_next's and Qwen3.5's linear_attn; models/gated_deltanet.h), in transformers'
+// layout: in_qkvz yields per key head its query, key, values and gates, in_ba per key head the values' beta and
+// decay inputs (Qwen3.5: one projection each).
+struct DeltaNetWeights {
+  Linear in_qkvz;   // [2 Hk Dk + 2 Hv Dv, C]
+  Linear in_ba;     // [2 Hv, C]
+  // Qwen3.5's separate projections (LinearAttentionConfig::split_projections) instead of the two above.
+  Linear in_qkv;    // [2 Hk Dk + Hv Dv, C]: queries, keys, values
+  Linear in_z;      // [Hv Dv, C]
+  Linear in_b, in_a;  // [Hv, C]
+  Tensor conv;      // [Hk Dk + Hk Dk + Hv Dv, 1, K]: the depthwise causal convolution over queries, keys, values
+  Tensor dt_bias;   // [Hv]
+  Tensor a_log;     // [Hv]: the decay rate's log (A_log)
+  Tensor norm;      // [Dv]: the gated RMSNorm's weight (plain, w not 1 + w)
+  Linear out;       // [C, Hv Dv]
 };
 
 struct LayerWeights {
@@ -61,7 +81,8 @@ struct LayerWeights {
   // Gemma 4's experts beside the MLP: pre_feedforward_layernorm_2 on their input, post_feedforward_layernorm_1 on
   // the dense MLP's output and post_feedforward_layernorm_2 on theirs, before the two are summed.
   Tensor experts_in_norm, mlp_out_norm, experts_out_norm;
-  AttentionWeights attn;
+  AttentionWeights attn;  // undefined on a Gated DeltaNet layer
+  DeltaNetWeights delta;  // LayerConfig::linear_attention layers
   MlpWeights mlp;  // dense layers
   MoeWeights moe;  // mixture-of-experts layers (LayerConfig::moe; Gemma 4: beside the dense MLP)
   // Gemma 4's per-layer input (ModelConfig::per_layer_input_size P): x += norm(ple_proj(act(ple_gate(x)) · p_i)).
@@ -70,6 +91,9 @@ struct LayerWeights {
   Tensor ple_norm;      // post_per_layer_input_norm [C]
   Tensor layer_scalar;  // [1]: Gemma 4 multiplies the layer's output by it (a buffer there: never trained)
 
+  // Every Linear slot of the layer, defined or not.
+  std::vector<Linear*> linears();
+  std::vector<const Linear*> linears() const;
   // This layer's tensors that require grad (adapters, or weights being fully trained).
   std::vector<Tensor> trainable() const;
 };
@@ -96,6 +120,13 @@ struct DecoderWeights {
 // decoding runs one matrix-vector product for each group. For the commands that only run the model (generate,
 // chat, eval, score, bench generate), after loading; not for training (adapters there change in place).
 void fuse_projections(DecoderWeights& weights);
+
+// A Gated DeltaNet layer's state between decoding calls (models/gated_deltanet.h), held by KvCache.
+struct DeltaNetState {
+  Tensor conv;   // f32 [B, K - 1, channels]: the convolution's last K - 1 inputs
+  Tensor delta;  // f32 [B, Hv, Dk, Dv]
+};
+struct DeltaNetMasks;
 
 // Per-layer key/value cache for incremental decoding. Each layer's keys and values live in a buffer
 // [B, capacity, KV, D] (that layer's KV and D; none for a layer that attends to another's) that grows in chunks
@@ -145,6 +176,8 @@ class KvCache {
     int64_t row;
   };
   void regroup(const std::vector<RowRef>& rows);
+  // The state of Gated DeltaNet layer `layer` (which stores no keys or values), updated by the decoder.
+  DeltaNetState& delta_state(int layer);
   // Real (non-padding) tokens of row b.
   int64_t row_tokens(int64_t b) const;
   // Bytes held by the buffers.
@@ -157,8 +190,11 @@ class KvCache {
     int64_t window = 0;    // > 0: keep only the last window - 1 tokens between calls
     int64_t kv_heads = 0, head_dim = 0;
     bool shared = false;   // attends to another layer's keys and values: stores none
+    bool linear = false;   // a Gated DeltaNet layer: its state instead of keys and values
+    DeltaNetState state;
   };
   void reserve(Layer& l, int64_t tokens);
+  DeltaNetState regrouped_state(const std::vector<RowRef>& rows, size_t layer) const;
   // Checks layer and the keys' shape, drops what a bounded sliding layer no longer needs and makes room for t
   // more tokens: then [l.used, l.used + t) are the new tokens' slots.
   Layer& make_room(int layer, const Shape& keys);
@@ -230,19 +266,25 @@ class Decoder {
     const KvCache::View* shared_kv = nullptr;
     KvCache::View* kv_out = nullptr;
     Tensor* router_logits = nullptr;  // a mixture-of-experts layer sets it when given
+    const DeltaNetMasks* delta_masks = nullptr;  // Gated DeltaNet layers: what the call's positions imply
   };
   Tensor layer_forward(int index, const Tensor& x, const Tensor& positions, const Tensor& inv_freq,
                        const ForwardOptions& options, const LayerIo& io) const;
   // Attention's queries, keys and values of one layer ([B, T, H|KV, D], rotated, keys and values as stored in the
   // cache where there is one).
+  // gate: where the model gates attention's output (qwen3_next), the gate [B, T, H D] from q_proj's output.
   std::pair<Tensor, KvCache::View> attention_inputs(int index, const Tensor& h, const Tensor& positions,
                                                     const Tensor& inv_freq, const ForwardOptions& options,
-                                                    const LayerIo& io) const;
+                                                    const LayerIo& io, Tensor* gate) const;
+  // x + the layer's attention (or Gated DeltaNet) output, sandwich-normed where the model has those norms.
+  Tensor attention_residual(int index, const Tensor& x, const Tensor& positions, const Tensor& inv_freq,
+                            const ForwardOptions& options, const LayerIo& io) const;
   // Gemma 4's per-layer inputs of a call, [B, T, L, P] (undefined for other models).
   Tensor per_layer_inputs(const Tensor& ids, const Tensor& embedded) const;
   ops::GateActivation gate_activation() const;  // the MLP's activation (config hidden_act)
-  // down(act(gate(h)) * up(h)) without the residual (Gemma 4's MLP beside its experts).
-  Tensor dense_mlp(const LayerWeights& w, const Tensor& h, const ForwardOptions& options) const;
+  // act(gate(h)) * up(h), and down of it without the residual (Gemma 4's MLP beside its experts, shared experts).
+  Tensor gated_product(const MlpWeights& w, const Tensor& h, const ForwardOptions& options) const;
+  Tensor dense_mlp(const MlpWeights& w, const Tensor& h, const ForwardOptions& options) const;
   Tensor mlp_forward(const LayerWeights& w, const LayerConfig& lc, const Tensor& h, const Tensor& residual,
                      const ForwardOptions& options, Tensor* router_logits) const;
   // Each layer's inverse frequencies for a call at these positions. dynamic and longrope rope depend on the
@@ -270,6 +312,7 @@ class Decoder {
   std::unordered_map<int64_t, Tensor> unit_weights_;  // ones [D] per head size: the weight of Gemma 4's value norm
   std::vector<Tensor> long_inv_freq_;  // per layer: longrope's long_factor frequencies, else undefined
   bool length_dependent_rope_ = false; // some layer's frequencies depend on the call's length
+  bool has_linear_attention_ = false;  // some layer is a Gated DeltaNet
 };
 
 // Positions 0..T-1 for every row: i32 [B, T].

@@ -13,6 +13,9 @@ std::string causal_lm_class(const std::string& model_type) {
   if (model_type == "qwen2") return "Qwen2ForCausalLM";
   if (model_type == "qwen3") return "Qwen3ForCausalLM";
   if (model_type == "qwen3_moe") return "Qwen3MoeForCausalLM";
+  if (model_type == "qwen3_next") return "Qwen3NextForCausalLM";
+  if (model_type == "qwen3_5_text" || model_type == "qwen3_5") return "Qwen3_5ForCausalLM";
+  if (model_type == "qwen3_5_moe_text" || model_type == "qwen3_5_moe") return "Qwen3_5MoeForCausalLM";
   if (model_type == "gemma2") return "Gemma2ForCausalLM";
   if (model_type == "gemma3_text" || model_type == "gemma3") return "Gemma3ForCausalLM";
   if (model_type == "gemma4_text" || model_type == "gemma4") return "Gemma4ForCausalLM";
@@ -99,9 +102,10 @@ json eos(const std::vector<int64_t>& ids) {
 }  // namespace
 
 json hf_config_json(const ModelConfig& c, const json& extra) {
-  const std::string type = c.model_type == "gemma3"   ? "gemma3_text"
-                           : c.model_type == "gemma4" ? "gemma4_text"
-                                                      : c.model_type;
+  const bool wrapper = c.model_type == "gemma3" || c.model_type == "gemma4" || c.model_type == "qwen3_5" ||
+                       c.model_type == "qwen3_5_moe";
+  const std::string type = wrapper ? c.model_type + "_text" : c.model_type;
+  const bool delta_net = type == "qwen3_next" || type == "qwen3_5_text" || type == "qwen3_5_moe_text";
   const bool gemma = type == "gemma2" || type == "gemma3_text" || type == "gemma4_text";
   const bool qwen = type == "qwen2" || type == "qwen3" || type == "qwen3_moe";
   json j = json::object();
@@ -109,7 +113,7 @@ json hf_config_json(const ModelConfig& c, const json& extra) {
   j["model_type"] = type;
   j["vocab_size"] = c.vocab_size;
   j["hidden_size"] = c.hidden_size;
-  j["intermediate_size"] = c.intermediate_size;
+  if (type != "qwen3_5_moe_text") j["intermediate_size"] = c.intermediate_size;  // Qwen3.5-MoE's config has none
   j["num_hidden_layers"] = c.num_hidden_layers;
   j["num_attention_heads"] = c.num_attention_heads;
   j["num_key_value_heads"] = c.num_key_value_heads;
@@ -141,6 +145,16 @@ json hf_config_json(const ModelConfig& c, const json& extra) {
     j["sliding_window"] = c.sliding_window ? json(*c.sliding_window) : json(nullptr);
     j["max_window_layers"] = c.max_window_layers;
     j["layer_types"] = c.layer_types;
+  } else if (delta_net) {
+    const LinearAttentionConfig& la = c.linear_attention;
+    j["attention_bias"] = c.qkv_bias;
+    j["layer_types"] = c.layer_types;
+    j["linear_conv_kernel_dim"] = la.conv_kernel;
+    j["linear_key_head_dim"] = la.key_head_dim;
+    j["linear_value_head_dim"] = la.value_head_dim;
+    j["linear_num_key_heads"] = la.key_heads;
+    j["linear_num_value_heads"] = la.value_heads;
+    if (c.num_experts == 0 && type == "qwen3_next") j["num_experts"] = 0;
   } else if (type == "gemma4_text") {
     write_gemma4(c, j);
   } else if (gemma) {
@@ -166,7 +180,9 @@ json hf_config_json(const ModelConfig& c, const json& extra) {
     j["num_experts_per_tok"] = c.experts_per_token;
     j["router_aux_loss_coef"] = c.router_aux_loss_coef;
     j["output_router_logits"] = c.output_router_logits;
-    if (type == "qwen3_moe") {
+    if (delta_net) j["shared_expert_intermediate_size"] = c.shared_expert_intermediate_size;
+    if (type == "qwen3_5_moe_text") j["moe_intermediate_size"] = c.moe_intermediate_size;  // every layer sparse
+    if (type == "qwen3_moe" || type == "qwen3_next") {
       j["moe_intermediate_size"] = c.moe_intermediate_size;
       j["norm_topk_prob"] = c.norm_topk_prob;
       j["decoder_sparse_step"] = 1;

@@ -65,12 +65,24 @@ TrainingMemoryEstimate estimate_training_memory(const ModelConfig& c, const Trai
   const int64_t mlp_token = (dense * (3 * I + 3 * o.rank) + sparse * (2 * c.num_experts + k * (3 * C + 3 * EI))) /
                             std::max<int64_t>(L, 1);
   uint64_t per_token = uint64_t(6 * C + 2 * (HD + 2 * KVD) + HD + 4 * o.rank + mlp_token);
+  // Gated DeltaNet layers (the chunked rule composed of ops, models/gated_deltanet.h) keep per token, in f32, about
+  // 22 chunk-wide rows per value head (pairwise decays, the squarings of (I + A)^-1, intra-chunk scores), the heads'
+  // queries, keys and values in several forms, the convolution's shifted inputs, and a [Dk, Dv] state per chunk;
+  // counted in bytes and averaged over the layers like the rest (attention's share stays: an over-estimate).
+  uint64_t delta_bytes = 0;
+  if (int64_t linear = std::count_if(c.layers.begin(), c.layers.end(), [](auto& l) { return l.linear_attention; })) {
+    const LinearAttentionConfig& la = c.linear_attention;
+    const int64_t Hv = la.value_heads, Dk = la.key_head_dim, Dv = la.value_head_dim, ch = la.conv_channels();
+    const int64_t f32 = Hv * (22 * 64 + 6 * Dk + 8 * Dv + Dk * Dv / 64) + (2 * la.conv_kernel + 3) * ch;
+    const int64_t projected = 2 * la.key_heads * Dk + 2 * Hv * Dv + 2 * Hv;
+    delta_bytes = uint64_t(linear * (4 * f32 + int64_t(act) * projected) / std::max<int64_t>(L, 1));
+  }
   if (c.sandwich_norms) per_token += uint64_t(2 * C);
   // Gemma 4's per-layer input: its slice, the gate's output and product, the projection and its norm's input.
   if (c.per_layer_input_size > 0) per_token += uint64_t(3 * c.per_layer_input_size + 2 * C);
   // The fused attention keeps no [T, T] scores, only each query row's log-sum-exp (f32 [B, H, T]).
   const uint64_t lse = N * uint64_t(H) * 4;
-  const uint64_t layer = N * per_token * act + lse;
+  const uint64_t layer = N * (per_token * act + delta_bytes) + lse;
   // The fused loss (ops::linear_cross_entropy) holds one vocabulary chunk at a time: its f32 logits, their
   // gradient and about one more temporary of that size (soft-capping) — not [N, V] logits and their gradient —
   // and d loss / d hidden (f32 [N, C], computed in the forward) with one rescaled copy of it.

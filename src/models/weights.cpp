@@ -57,13 +57,32 @@ std::vector<ParamRef> parameter_map(const ModelConfig& c, DecoderWeights& w) {
       add(p + "post_attention_layernorm.weight", {C}, &l.pre_mlp_norm, ParamInit::norm);
     }
     const bool own_kv = lc.kv_source < 0;
-    linear(p + "self_attn.q_proj", l.attn.q, HD, C, c.qkv_bias);
-    if (own_kv) linear(p + "self_attn.k_proj", l.attn.k, KVD, C, c.qkv_bias);
-    if (own_kv && !lc.k_eq_v) linear(p + "self_attn.v_proj", l.attn.v, KVD, C, c.qkv_bias);
-    linear(p + "self_attn.o_proj", l.attn.o, C, HD, c.o_bias);
-    if (c.qk_norm) {
-      add(p + "self_attn.q_norm.weight", {D}, &l.attn.q_norm, ParamInit::norm);
-      if (own_kv) add(p + "self_attn.k_norm.weight", {D}, &l.attn.k_norm, ParamInit::norm);
+    if (lc.linear_attention) {
+      const LinearAttentionConfig& la = c.linear_attention;
+      const int64_t KD = la.key_heads * la.key_head_dim, VD = la.value_heads * la.value_head_dim;
+      if (la.split_projections) {
+        linear(p + "linear_attn.in_proj_qkv", l.delta.in_qkv, 2 * KD + VD, C, false);
+        linear(p + "linear_attn.in_proj_z", l.delta.in_z, VD, C, false);
+        linear(p + "linear_attn.in_proj_b", l.delta.in_b, la.value_heads, C, false);
+        linear(p + "linear_attn.in_proj_a", l.delta.in_a, la.value_heads, C, false);
+      } else {
+        linear(p + "linear_attn.in_proj_qkvz", l.delta.in_qkvz, 2 * KD + 2 * VD, C, false);
+        linear(p + "linear_attn.in_proj_ba", l.delta.in_ba, 2 * la.value_heads, C, false);
+      }
+      add(p + "linear_attn.conv1d.weight", {la.conv_channels(), 1, la.conv_kernel}, &l.delta.conv, ParamInit::normal);
+      add(p + "linear_attn.dt_bias", {la.value_heads}, &l.delta.dt_bias, ParamInit::ones);
+      add(p + "linear_attn.A_log", {la.value_heads}, &l.delta.a_log, ParamInit::zeros);
+      add(p + "linear_attn.norm.weight", {la.value_head_dim}, &l.delta.norm, ParamInit::ones);
+      linear(p + "linear_attn.out_proj", l.delta.out, C, VD, false);
+    } else {
+      linear(p + "self_attn.q_proj", l.attn.q, c.gated_attention ? 2 * HD : HD, C, c.qkv_bias);
+      if (own_kv) linear(p + "self_attn.k_proj", l.attn.k, KVD, C, c.qkv_bias);
+      if (own_kv && !lc.k_eq_v) linear(p + "self_attn.v_proj", l.attn.v, KVD, C, c.qkv_bias);
+      linear(p + "self_attn.o_proj", l.attn.o, C, HD, c.o_bias);
+      if (c.qk_norm) {
+        add(p + "self_attn.q_norm.weight", {D}, &l.attn.q_norm, ParamInit::norm);
+        if (own_kv) add(p + "self_attn.k_norm.weight", {D}, &l.attn.k_norm, ParamInit::norm);
+      }
     }
     if (lc.moe && c.experts_beside_mlp) {  // Gemma 4: experts beside the dense MLP
       const int64_t E = c.num_experts, EI = c.moe_intermediate_size;
@@ -80,6 +99,12 @@ std::vector<ParamRef> parameter_map(const ModelConfig& c, DecoderWeights& w) {
       add(p + "mlp.gate.weight", {E, C}, &l.moe.router, ParamInit::normal);
       add(p + "mlp.experts.gate_up_proj", {E, 2 * EI, C}, &l.moe.gate_up, ParamInit::normal);
       add(p + "mlp.experts.down_proj", {E, C, EI}, &l.moe.down, ParamInit::normal);
+      if (const int64_t SI = c.shared_expert_intermediate_size; SI > 0) {
+        linear(p + "mlp.shared_expert.gate_proj", l.moe.shared.gate, SI, C, false);
+        linear(p + "mlp.shared_expert.up_proj", l.moe.shared.up, SI, C, false);
+        linear(p + "mlp.shared_expert.down_proj", l.moe.shared.down, C, SI, false);
+        linear(p + "mlp.shared_expert_gate", l.moe.shared_gate, 1, C, false);
+      }
       continue;
     }
     linear(p + "mlp.gate_proj", l.mlp.gate, I, C, c.mlp_bias);
@@ -473,7 +498,7 @@ void save_random_weights(const ModelConfig& config, uint64_t seed, double std, c
     cpu::parallel_for(n, 1 << 16, [&](int64_t b, int64_t e) {
       std::vector<float> v(size_t(e - b));
       if (p.init == ParamInit::normal) Rng::fill_normal(v.data(), uint64_t(b), uint64_t(e), p_seed, float(std));
-      else std::fill(v.begin(), v.end(), p.init == ParamInit::norm ? norm_value : 0.0f);
+      else std::fill(v.begin(), v.end(), p.init == ParamInit::norm ? norm_value : p.init == ParamInit::ones ? 1 : 0);
       std::vector<std::byte> bytes = convert_from_f32(v, dtype);
       std::copy(bytes.begin(), bytes.end(), out.begin() + b * int64_t(es));
     });
@@ -492,6 +517,7 @@ DecoderWeights init_weights(const ModelConfig& config, uint64_t seed, double std
         break;
       case ParamInit::zeros: *p.slot = Tensor::zeros(p.shape, dtype, device); break;
       case ParamInit::norm: *p.slot = Tensor::full(p.shape, norm_value, dtype, device); break;
+      case ParamInit::ones: *p.slot = Tensor::full(p.shape, 1.0f, dtype, device); break;
     }
   }
   if (config.tie_word_embeddings) w.lm_head = w.embed;

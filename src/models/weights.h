@@ -9,6 +9,10 @@
 //   model.per_layer_projection_norm.weight, model.layers.N.{per_layer_input_gate, per_layer_projection,
 //   post_per_layer_input_norm}.weight, model.layers.N.layer_scalar (no k/v projections or k_norm on layers that
 //   share another's keys, no v_proj where the values are the keys)
+//   qwen3_next: model.layers.N.linear_attn.{in_proj_qkvz, in_proj_ba, out_proj, norm, conv1d}.weight (Qwen3.5:
+//   in_proj_qkv, in_proj_z, in_proj_b, in_proj_a instead of the first two),
+//   model.layers.N.linear_attn.{dt_bias, A_log} on Gated DeltaNet layers, mlp.shared_expert.{gate,up,down}_proj
+//   and mlp.shared_expert_gate beside the experts
 //   model.layers.N.mlp.gate.weight, model.layers.N.mlp.experts.{gate_up_proj,down_proj} (mixture-of-experts
 //   layers, as transformers 5 writes them; loading also takes the per-expert layout of earlier versions:
 //   block_sparse_moe.{gate,experts.E.w1,w2,w3} (Mixtral), mlp.experts.E.{gate,up,down}_proj (Qwen3-MoE))
@@ -29,7 +33,7 @@
 namespace lmtune::models {
 
 // How a parameter is initialised by init_weights.
-enum class ParamInit { normal, zeros, norm };  // norm: 1, or 0 for (1 + w) norms
+enum class ParamInit { normal, zeros, ones, norm };  // norm: 1, or 0 for (1 + w) norms
 
 struct ParamRef {
   std::string name;  // HF name in the plain layout

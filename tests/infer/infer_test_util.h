@@ -25,7 +25,7 @@ inline fs::path model_fixture(const std::string& name) {
 inline const std::vector<std::string>& fixture_names() {
   static const std::vector<std::string> names = {"llama",  "llama3",      "mistral", "qwen2",    "qwen3",
                                                  "gemma2", "gemma3_text", "mixtral", "qwen3_moe",
-                                                 "gemma4_text", "gemma4_moe"};
+                                                 "gemma4_text", "gemma4_moe", "qwen3_next", "qwen3_5_moe"};
   return names;
 }
 

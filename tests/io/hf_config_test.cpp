@@ -431,8 +431,9 @@ TEST(HfConfig, ErrorsNameTheKey) {
   };
   std::string msg = config_error(with(kLlama2_7B, "\"model_type\": \"llama\"", "\"model_type\": \"phi3\""));
   EXPECT_NE(msg.find("config.json: key 'model_type': unsupported model type 'phi3' (supported: llama, mistral, "
-                     "mixtral, qwen2, qwen3, qwen3_moe, gemma2, gemma3_text, gemma3, gemma4_text, "
-                     "gemma4)"), std::string::npos) << msg;
+                     "mixtral, qwen2, qwen3, qwen3_moe, qwen3_next, qwen3_5_text, qwen3_5, "
+                     "qwen3_5_moe_text, qwen3_5_moe, gemma2, gemma3_text, gemma3, gemma4_text, gemma4)"),
+            std::string::npos) << msg;
   msg = config_error(R"({"hidden_size": 8})");
   EXPECT_NE(msg.find("key 'model_type': missing"), std::string::npos) << msg;
   msg = config_error(with(kLlama32_1B, "\"factor\": 32.0", "\"factor\": \"big\""));
@@ -521,6 +522,78 @@ TEST(HfConfig, Gemma4_E2B) {
   ASSERT_EQ(f.size(), 256u);
   for (size_t i = 0; i < f.size(); ++i)
     EXPECT_FLOAT_EQ(f[i], i < 64 ? float(std::pow(1e6, -double(2 * i) / 512.0)) : 0.0f) << i;
+}
+
+// Qwen/Qwen3-Next-80B-A3B's config.json: every 4th layer gated attention (full_attention_interval), the others
+// Gated DeltaNet; a quarter of the heads rotated; experts with a shared expert; (1 + w) norms.
+TEST(HfConfig, Qwen3Next80B) {
+  ModelConfig c = parse_model_config(R"({
+    "architectures": ["Qwen3NextForCausalLM"], "attention_bias": false, "attention_dropout": 0.0,
+    "bos_token_id": 151643, "decoder_sparse_step": 1, "eos_token_id": 151645, "full_attention_interval": 4,
+    "head_dim": 256, "hidden_act": "silu", "hidden_size": 2048, "initializer_range": 0.02,
+    "intermediate_size": 5120, "linear_conv_kernel_dim": 4, "linear_key_head_dim": 128, "linear_num_key_heads": 16,
+    "linear_num_value_heads": 32, "linear_value_head_dim": 128, "max_position_embeddings": 262144,
+    "mlp_only_layers": [], "model_type": "qwen3_next", "moe_intermediate_size": 512, "norm_topk_prob": true,
+    "num_attention_heads": 16, "num_experts": 512, "num_experts_per_tok": 10, "num_hidden_layers": 48,
+    "num_key_value_heads": 2, "output_router_logits": false, "partial_rotary_factor": 0.25, "rms_norm_eps": 1e-06,
+    "rope_scaling": null, "rope_theta": 10000000, "router_aux_loss_coef": 0.001,
+    "shared_expert_intermediate_size": 512, "tie_word_embeddings": false, "torch_dtype": "bfloat16",
+    "use_cache": true, "use_sliding_window": false, "vocab_size": 151936})");
+  EXPECT_EQ(c.norm_style, NormStyle::one_plus_weight);
+  EXPECT_TRUE(c.gated_attention);
+  EXPECT_TRUE(c.qk_norm);
+  EXPECT_EQ(c.rotary_dim, 64);
+  EXPECT_EQ(c.rope.theta, 1e7);
+  for (int64_t i = 0; i < 48; ++i) {
+    EXPECT_EQ(c.layers[size_t(i)].linear_attention, (i + 1) % 4 != 0) << i;
+    EXPECT_TRUE(c.layers[size_t(i)].moe) << i;
+  }
+  EXPECT_EQ(c.linear_attention.conv_channels(), 2 * 16 * 128 + 32 * 128);
+  EXPECT_EQ(c.num_experts, 512);
+  EXPECT_EQ(c.experts_per_token, 10);
+  EXPECT_TRUE(c.norm_topk_prob);
+  EXPECT_EQ(c.shared_expert_intermediate_size, 512);
+  // transformers 5's form: partial_rotary_factor inside rope_parameters, layer_types written out; refusals.
+  const std::string base = R"({"model_type": "qwen3_next", "num_hidden_layers": 2, "num_experts": 0, )";
+  ModelConfig d = parse_model_config(base + R"("rope_parameters": {"rope_type": "default", "rope_theta": 1e4,
+      "partial_rotary_factor": 0.5}, "layer_types": ["linear_attention", "full_attention"]})");
+  EXPECT_EQ(d.rotary_dim, 128);
+  EXPECT_EQ(d.num_experts, 0);
+  EXPECT_TRUE(d.layers[0].linear_attention);
+  EXPECT_FALSE(d.layers[1].linear_attention);
+  for (const auto& [extra, want] : std::vector<std::pair<std::string, std::string>>{
+           {R"("linear_num_key_heads": 3})", "key 'linear_num_value_heads': 32 is not a multiple of"},
+           {R"("layer_types": ["sliding_attention", "full_attention"]})",
+            "key 'layer_types': entries must be \"full_attention\" or \"linear_attention\""}}) {
+    const std::string msg = config_error(base + extra);
+    EXPECT_NE(msg.find(want), std::string::npos) << msg;
+  }
+}
+
+// Qwen3.5-MoE's multimodal wrapper: the text decoder's settings under text_config, Qwen3_5MoeTextConfig's
+// defaults (35B-A3B), separate DeltaNet projections, every layer sparse and always renormalized.
+TEST(HfConfig, Qwen35MoeWrapperDefaults) {
+  ModelConfig c = parse_model_config(R"({"model_type": "qwen3_5_moe", "architectures":
+      ["Qwen3_5MoeForConditionalGeneration"], "text_config": {"model_type": "qwen3_5_moe_text",
+      "norm_topk_prob": false, "rope_parameters": {"rope_type": "default", "rope_theta": 1e7,
+      "partial_rotary_factor": 0.25, "mrope_section": [11, 11, 10], "mrope_interleaved": true}},
+      "vision_config": {"depth": 27}})");
+  EXPECT_EQ(c.num_hidden_layers, 40);
+  EXPECT_EQ(c.vocab_size, 248320);
+  EXPECT_TRUE(c.linear_attention.split_projections);
+  EXPECT_EQ(c.num_experts, 256);
+  EXPECT_EQ(c.experts_per_token, 8);
+  EXPECT_TRUE(c.norm_topk_prob);  // Qwen3VLMoeTextTopKRouter always renormalizes
+  EXPECT_EQ(c.shared_expert_intermediate_size, 512);
+  EXPECT_EQ(c.rotary_dim, 64);
+  for (int64_t i = 0; i < 40; ++i) {
+    EXPECT_TRUE(c.layers[size_t(i)].moe) << i;
+    EXPECT_EQ(c.layers[size_t(i)].linear_attention, (i + 1) % 4 != 0) << i;
+  }
+  ModelConfig dense = parse_model_config(R"({"model_type": "qwen3_5_text"})");
+  EXPECT_EQ(dense.num_experts, 0);
+  EXPECT_EQ(dense.intermediate_size, 12288);
+  EXPECT_TRUE(dense.linear_attention.split_projections);
 }
 
 // The Gemma4TextConfig defaults (every 6th layer and the last one full, heads of 512 there, per-layer inputs of 256,

@@ -42,7 +42,7 @@ TEST(Init, TinyPresetsGiveLoadableModels) {
   fs::path tok = tiny_tokenizer();
   EXPECT_EQ(tokenizer_vocab_size(tok), 62);
   for (const char* preset : {"tiny-llama", "tiny-mistral", "tiny-qwen2", "tiny-qwen3", "tiny-gemma2", "tiny-gemma3",
-                             "tiny-mixtral", "tiny-qwen3-moe"}) {
+                             "tiny-mixtral", "tiny-qwen3-moe", "tiny-qwen3-next"}) {
     InitOptions o;
     o.preset = preset_path(preset);
     o.tokenizer_dir = tok;

@@ -23,7 +23,7 @@ inline const std::vector<std::string>& fixture_names() {
   static const std::vector<std::string> names = {"llama",  "llama3",      "mistral",        "qwen2",
                                                  "qwen3",  "gemma2",      "gemma3_text",    "llama_yarn",
                                                  "qwen2_longrope", "llama_dynamic", "mixtral", "qwen3_moe",
-                                                 "gemma4_text", "gemma4_moe"};
+                                                 "gemma4_text", "gemma4_moe", "qwen3_next", "qwen3_5_moe"};
   return names;
 }
 

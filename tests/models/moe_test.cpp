@@ -117,7 +117,8 @@ TEST(MoeMlp, GradientsMatchFiniteDifferences) {
   Tensor h = lmtune::test::random_like({N, C}, 1), router = Tensor::randn({E, C}, 2, 2.0f);
   Tensor gate_up = lmtune::test::random_like({E, 2 * EI, C}, 3), down = lmtune::test::random_like({E, C, EI}, 4);
   auto f = [&](const std::vector<Tensor>& in) {
-    MoeWeights w{in[1], in[2], in[3], {}, {}, {}, {}};
+    MoeWeights w;
+    w.router = in[1], w.gate_up = in[2], w.down = in[3];
     return std::vector<Tensor>{moe_mlp(w, in[0], c, ops::GateActivation::silu)};
   };
   auto rf = [&](const std::vector<ref::Array>& in) {
