@@ -275,13 +275,13 @@ def deltanet(a, p, pre, h, positions):
     Hk, Hv, Dk, Dv, K = a["lin_k_heads"], a["lin_v_heads"], a["lin_dk"], a["lin_dv"], a["conv"]
     r = Hv // Hk
     if a.get("split"):  # Qwen3.5: one projection each
-        mixed = h @ p[pre + "in_proj_qkv.weight"].T
-        z = (h @ p[pre + "in_proj_z.weight"].T).view(B, T, Hv, Dv)
-        b, dt = h @ p[pre + "in_proj_b.weight"].T, h @ p[pre + "in_proj_a.weight"].T
+        mixed = linear(p, pre + "in_proj_qkv", h, False)
+        z = linear(p, pre + "in_proj_z", h, False).view(B, T, Hv, Dv)
+        b, dt = linear(p, pre + "in_proj_b", h, False), linear(p, pre + "in_proj_a", h, False)
     else:  # Qwen3-Next: grouped per key head
-        qkvz = (h @ p[pre + "in_proj_qkvz.weight"].T).view(B, T, Hk, 2 * Dk + 2 * r * Dv)
+        qkvz = linear(p, pre + "in_proj_qkvz", h, False).view(B, T, Hk, 2 * Dk + 2 * r * Dv)
         q, k, v, z = torch.split(qkvz, [Dk, Dk, r * Dv, r * Dv], dim=3)
-        ba = (h @ p[pre + "in_proj_ba.weight"].T).view(B, T, Hk, 2 * r)
+        ba = linear(p, pre + "in_proj_ba", h, False).view(B, T, Hk, 2 * r)
         b, dt = torch.split(ba, [r, r], dim=3)
         z, b, dt = z.reshape(B, T, Hv, Dv), b.reshape(B, T, Hv), dt.reshape(B, T, Hv)
         mixed = torch.cat([q.reshape(B, T, -1), k.reshape(B, T, -1), v.reshape(B, T, -1)], -1)
@@ -312,7 +312,7 @@ def deltanet(a, p, pre, h, positions):
         out.append(torch.einsum("bhkv,bhk->bhv", S, q[:, t]))
     o = torch.stack(out, 1)
     o = rms_norm(o, p[pre + "norm.weight"], a["eps"], False) * act("silu", z)
-    return o.reshape(B, T, Hv * Dv) @ p[pre + "out_proj.weight"].T
+    return linear(p, pre + "out_proj", o.reshape(B, T, Hv * Dv), False)
 
 
 def qwen3_next_forward(a, p, ids, positions, doc_ids, router_logits=None):

@@ -1,6 +1,6 @@
 #!/usr/bin/python3
-"""Independent float64 reference for one LoRA SGD step of lmtune's trainer (tests/train/fixtures/sgd_step/ and
-sgd_step_qwen3_moe/).
+"""Independent float64 reference for one LoRA SGD step of lmtune's trainer (tests/train/fixtures/sgd_step/,
+sgd_step_qwen3_moe/ and sgd_step_qwen3_next/).
 
 Run with Debian's PyTorch:  /usr/bin/python3 scripts/reference_sgd_step.py
 
@@ -16,7 +16,9 @@ reference model of reference_models.py (LoRA patched into its `linear`):
 
 and writes the adapter as a PEFT directory (adapter/) plus expected.safetensors: loss, grad_norm, max_norm, lr and
 "new.<module>.lora_A|B" for every module. The same step on the qwen3_moe fixture (a mixture of experts; LoRA on
-q_proj and v_proj of every layer and on down_proj of its one dense MLP layer) goes to sgd_step_qwen3_moe/.
+q_proj and v_proj of every layer and on down_proj of its one dense MLP layer) goes to sgd_step_qwen3_moe/, and on
+the qwen3_next fixture (LoRA on its attention layers' q_proj, its Gated DeltaNet layers' in_proj_qkvz and out_proj,
+and its dense layer's down_proj) to sgd_step_qwen3_next/.
 """
 import json
 import os
@@ -32,7 +34,8 @@ import reference_models as rm  # noqa: E402
 torch.set_default_dtype(torch.float64)
 RANK, ALPHA, LR = 4, 8.0, 0.5
 STEPS = (("llama", "sgd_step", ("q_proj", "v_proj")),
-         ("qwen3_moe", "sgd_step_qwen3_moe", ("q_proj", "v_proj", "down_proj")))
+         ("qwen3_moe", "sgd_step_qwen3_moe", ("q_proj", "v_proj", "down_proj")),
+         ("qwen3_next", "sgd_step_qwen3_next", ("q_proj", "in_proj_qkvz", "out_proj", "down_proj")))
 
 
 def read_safetensors(path):
@@ -63,7 +66,8 @@ def step(name, out_name, targets):
     lora = {}
     for layer in range(arch["layers"]):
         for t in targets:
-            block = "mlp" if t in ("gate_proj", "up_proj", "down_proj") else "self_attn"
+            block = ("mlp" if t in ("gate_proj", "up_proj", "down_proj") else
+                     "linear_attn" if t.startswith("in_proj") or t == "out_proj" else "self_attn")
             module = f"model.layers.{layer}.{block}.{t}"
             if module + ".weight" not in p:  # an expert layer has no dense MLP
                 continue
