@@ -662,9 +662,11 @@ Tensor Decoder::forward_hidden(const Tensor& ids, const Tensor& positions, const
   const std::vector<Tensor> inv_freq = call_frequencies(positions);
   // Gated DeltaNet layers see where sequences start (one read of the positions per call, shared by the layers).
   auto delta_masks = std::make_shared<DeltaNetMasks>();
+  const int64_t conv_kernel = config_.linear_attention.conv_kernel;
   if (has_linear_attention_)
-    *delta_masks = delta_net_masks(positions.to_ints(), ids.dim(0), ids.dim(1),
-                                   config_.linear_attention.conv_kernel, device());
+    *delta_masks = ids.dim(1) == 1
+                       ? delta_net_step_masks(positions, conv_kernel)
+                       : delta_net_masks(positions.to_ints(), ids.dim(0), ids.dim(1), conv_kernel, device());
   const bool checkpointing = options.checkpoint_layers && grad_enabled() && !options.cache;
   const int layers = int(weights_.layers.size());
   // Keys and values of the layers that later layers attend to (Gemma 4).

@@ -80,11 +80,14 @@ DeltaNetMasks delta_net_masks(const std::vector<int32_t>& positions, int64_t B, 
         for (int64_t t = 0; t < T; ++t) conv[size_t(((j - 1) * B + b) * T + t)] = pos(b, t) >= j;
     m.conv = Tensor::from_floats(conv, {K - 1, B, T, 1}, DType::f32, device);
   }
+  std::vector<float> resets(size_t(B * T));
+  for (int64_t i = 0; i < B * T; ++i) resets[size_t(i)] = positions[size_t(i)] == 0 ? 0.0f : 1.0f;
+  m.resets = Tensor::from_floats(resets, {B, T, 1}, DType::f32, device);
+  if (T == 1) return m;  // one-token calls take the recurrent step, which reads no chunk mask
   std::vector<float> lower(size_t(B * n * c * c)), strict(lower.size()), sees(size_t(B * n * c)), last(sees.size()),
-      carry(size_t(B * n)), resets(size_t(B * T));
+      carry(size_t(B * n));
   std::vector<int64_t> seg(static_cast<size_t>(c));
   for (int64_t b = 0; b < B; ++b) {
-    for (int64_t t = 0; t < T; ++t) resets[size_t(b * T + t)] = pos(b, t) == 0 ? 0.0f : 1.0f;
     for (int64_t k = 0; k < n; ++k) {
       // seg[i]: sequences started in the chunk at or before i (padding past T continues the last one).
       int64_t starts = 0;
@@ -111,7 +114,24 @@ DeltaNetMasks delta_net_masks(const std::vector<int32_t>& positions, int64_t B, 
   m.sees_prev = Tensor::from_floats(sees, {B, 1, n, c, 1}, DType::f32, device);
   m.last = Tensor::from_floats(last, {B, 1, n, c, 1}, DType::f32, device);
   m.carry = Tensor::from_floats(carry, {B, 1, n, 1, 1}, DType::f32, device);
-  m.resets = Tensor::from_floats(resets, {B, T, 1}, DType::f32, device);
+  return m;
+}
+
+DeltaNetMasks delta_net_step_masks(const Tensor& positions, int64_t K) {
+  const int64_t B = positions.dim(0);
+  if (positions.ndim() != 2 || positions.dim(1) != 1)
+    throw ShapeError("gated deltanet: one-token positions must be [B, 1], got " + to_string(positions.shape()));
+  DeltaNetMasks m;
+  m.batch = B, m.tokens = 1, m.chunk = kChunk, m.chunks = 1;
+  // On the device, from the positions as they are: a decode step reads nothing back.
+  const Tensor pos = ops::reshape(ops::cast(positions, DType::f32), {1, B, 1, 1});
+  auto at_least = [&](int64_t j) {
+    return ops::greater_equal(pos, Tensor::full({1}, float(j), DType::f32, pos.device()));
+  };
+  m.resets = ops::reshape(at_least(1), {B, 1, 1});
+  std::vector<Tensor> conv;
+  for (int64_t j = 1; j < K; ++j) conv.push_back(at_least(j));
+  if (!conv.empty()) m.conv = conv.size() == 1 ? conv[0] : ops::concat(conv, 0);
   return m;
 }
 

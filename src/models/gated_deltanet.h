@@ -32,9 +32,11 @@ struct DeltaNetMasks {
   Tensor carry;     // f32 [B, 1, n, 1, 1]: chunk n starts no sequence (the state carries over)
   Tensor resets;    // f32 [B, T, 1] for the recurrent step: 0 where a sequence starts, else 1
 };
-// positions: host copy of the call's i32 [B, T] positions.
+// positions: host copy of the call's i32 [B, T] positions. One-token calls get only conv and resets.
 DeltaNetMasks delta_net_masks(const std::vector<int32_t>& positions, int64_t batch, int64_t tokens,
                               int64_t conv_kernel, Device device);
+// The same for a one-token call (conv and resets), made on the device from its i32 [B, 1] positions.
+DeltaNetMasks delta_net_step_masks(const Tensor& positions, int64_t conv_kernel);
 
 // h [B, T, C] (the normed layer input, compute dtype) -> [B, T, C]. state: read and updated when given.
 Tensor gated_deltanet(const DeltaNetWeights& w, const LinearAttentionConfig& la, const Tensor& h,

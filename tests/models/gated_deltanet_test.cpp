@@ -75,6 +75,20 @@ TEST_P(GatedDeltaRule, ChunkedEqualsRecurrent) {
   EXPECT_LT(rel_err(alone.to_floats(), tail(got[0]).to_floats()), 2e-5);
 }
 
+// A one-token call's masks, made on the device, equal those made on the host from the same positions.
+TEST_P(GatedDeltaRule, StepMasksEqualHostMasks) {
+  const Device d = parse_device(GetParam());
+  const std::vector<int32_t> pos{0, 1, 2, 3, 9};
+  const int64_t B = int64_t(pos.size()), K = 4;
+  const DeltaNetMasks host = delta_net_masks(pos, B, 1, K, d);
+  const DeltaNetMasks step = delta_net_step_masks(Tensor::from_ints(pos, {B, 1}, d), K);
+  EXPECT_EQ(step.conv.shape(), host.conv.shape());
+  EXPECT_EQ(step.conv.to_floats(), host.conv.to_floats());
+  EXPECT_EQ(step.resets.shape(), host.resets.shape());
+  EXPECT_EQ(step.resets.to_floats(), host.resets.to_floats());
+  EXPECT_EQ(host.resets.to_floats(), (std::vector<float>{0, 1, 1, 1, 1}));
+}
+
 INSTANTIATE_TEST_SUITE_P(Devices, GatedDeltaRule, ::testing::ValuesIn(test::test_devices()), [](const auto& info) {
   std::string s = info.param;
   for (char& c : s)
