@@ -20,13 +20,19 @@
 #ifndef TILE_BUFS
 #define TILE_BUFS 2
 #endif
-#define XCH_SLOTS (2 * BLOCK_ROWS / 16)
+#define XCH_SLOTS (2 * BLOCK_ROWS / 16 / XCH_ROUNDS)
 #include "attention/flash_attention_cm.glsl"
 #include "attention/flash_attention_rs.glsl"
 
 // Q/dO tile, output staging, exchange, row data: past 48 KiB NVIDIA loses the device.
-#if TILE_BUFS * 2 * BLOCK_ROWS * (DMAX + 8) * 2 + FLASH_WG / 32 * 16 * 20 * 4 + XCH_BYTES + TILE_BUFS * BLOCK_ROWS * 20 > 49152
+#if TILE_BUFS * 2 * BLOCK_ROWS * (DMAX + 8) * 2 + OUT_BYTES + XCH_BYTES + TILE_BUFS * BLOCK_ROWS * 20 > 49152
 #error "flash_attention_bwd_dkdv_rs: shared memory over 48 KiB"
+#endif
+#if defined(OUT_IN_TILE) && TILE_BUFS * 2 * BLOCK_ROWS * (DMAX + 8) * 2 < FLASH_WG / 32 * 16 * 20 * 4
+#error "flash_attention_bwd_dkdv_rs: the Q/dO tile cannot stage the output"
+#endif
+#if XCH_ROUNDS == 2 && BLOCK_ROWS != 16
+#error "flash_attention_bwd_dkdv_rs: two exchange rounds take one 16-row fragment per block"
 #endif
 #if TILE_BUFS > 2 || BLOCK_ROWS > 32
 #error "flash_attention_bwd_dkdv_rs: the row votes have two slots and one lane per row"
@@ -45,7 +51,11 @@ const uint KCAP = TILE_BUFS * 2u * BR;    // K (then V) rows the tile holds at t
 const uint NKCH = KCAP * (DMAX / 8u) / WG;
 
 shared uvec4 qo_s[TILE_BUFS * TILE];
+#ifdef OUT_IN_TILE
+#define out_s qo_s
+#else
 shared uvec4 out_s[NSG * 16u * FST / 4u];
+#endif
 SHARED_ROW_DATA(TILE_BUFS * BR)
 
 // Writes a subgroup's accumulators ACC (its part of the head dims) a fragment at a time through shared memory
@@ -175,14 +185,26 @@ void main() {
         coopMatLoadNV(ob, qo_s, orow + nb * 16u * DS + (part * FP + f) * 2u, DS, true);
         dpt[nb] = coopMatMulAddNV(va[f], ob, dpt[nb]);
       }
+#if XCH_ROUNDS == 1
       XCH_PUT(2u * nb, st[nb])
       XCH_PUT(2u * nb + 1u, dpt[nb])
+#endif
     }
+#if XCH_ROUNDS == 1
     barrier();  // the next block's puts come after its staging barrier
     [[unroll]] for (uint nb = 0; nb < BR / 16u; ++nb) {
       XCH_SUM(2u * nb, st[nb])
       XCH_SUM(2u * nb + 1u, dpt[nb])
     }
+#else
+    XCH_PUT(0u, st[0])
+    barrier();
+    XCH_SUM(0u, st[0])
+    barrier();
+    XCH_PUT(0u, dpt[0])
+    barrier();
+    XCH_SUM(0u, dpt[0])
+#endif
 #endif
 
     // P^T on the elements; dV += P^T dO.
@@ -236,6 +258,9 @@ void main() {
 
   const uint lr = lane % 16u, half_ = lane / 16u, j = j0 + grp * 16u + lr;
   const uint obase = sg * 16u * FST / 4u;
+#ifdef OUT_IN_TILE
+  barrier();  // every subgroup is done with the last Q/dO block
+#endif
   STORE_ROWS(dk, Y, 4, p.y_off + out_shift)
   STORE_ROWS(dv, Z, 5, p.z_off + out_shift)
 }

@@ -11,13 +11,19 @@
 #ifndef BLOCK_KEYS
 #define BLOCK_KEYS 32
 #endif
-#define XCH_SLOTS (2 * BLOCK_KEYS / 16)
+#define XCH_SLOTS (2 * BLOCK_KEYS / 16 / XCH_ROUNDS)
 #include "attention/flash_attention_cm.glsl"
 #include "attention/flash_attention_rs.glsl"
 
 // K/V tile, output staging, exchange, key flags: past 48 KiB NVIDIA loses the device.
-#if 2 * BLOCK_KEYS * (DMAX + 8) * 2 + FLASH_WG / 32 * 16 * 20 * 4 + XCH_BYTES + BLOCK_KEYS * 8 > 49152
+#if 2 * BLOCK_KEYS * (DMAX + 8) * 2 + OUT_BYTES + XCH_BYTES + BLOCK_KEYS * 8 > 49152
 #error "flash_attention_bwd_dq_rs: shared memory over 48 KiB"
+#endif
+#if defined(OUT_IN_TILE) && 2 * BLOCK_KEYS * (DMAX + 8) * 2 < FLASH_WG / 32 * 16 * 20 * 4
+#error "flash_attention_bwd_dq_rs: the K/V tile cannot stage the output"
+#endif
+#if XCH_ROUNDS == 2 && BLOCK_KEYS != 16
+#error "flash_attention_bwd_dq_rs: two exchange rounds take one 16-key fragment per block"
 #endif
 
 const uint BC = BLOCK_KEYS;               // keys per block
@@ -27,7 +33,11 @@ const uint NCH = BC * (DMAX / 8u) / WG;   // 8-element chunks per invocation of 
 const uint QPASS = BR / (2u * BC);        // Q (then dO) staged through the K/V tile in passes of 2 BC rows
 
 shared uvec4 kv_s[2u * BC * DS];  // K rows, then V rows (Q and dO rows at the start)
+#ifdef OUT_IN_TILE
+#define out_s kv_s
+#else
 shared uvec4 out_s[NSG * 16u * FST / 4u];
+#endif
 shared bool key_ok[BC];
 shared int key_doc[BC];
 
@@ -85,7 +95,7 @@ void main() {
         s = coopMatMulAddNV(qa[f], kb, s);
         dp = coopMatMulAddNV(oa[f], vb, dp);
       }
-#if NSPLIT > 1
+#if NSPLIT > 1 && XCH_ROUNDS == 1
       // The group's partial sums added up (slots per key fragment: the next block's puts come after its staging
       // barriers).
       XCH_PUT(2u * nb, s)
@@ -93,6 +103,14 @@ void main() {
       barrier();
       XCH_SUM(2u * nb, s)
       XCH_SUM(2u * nb + 1u, dp)
+#elif NSPLIT > 1
+      XCH_PUT(0u, s)
+      barrier();
+      XCH_SUM(0u, s)
+      barrier();
+      XCH_PUT(0u, dp)
+      barrier();
+      XCH_SUM(0u, dp)
 #endif
       float dsv[8];
       [[unroll]] for (uint e = 0; e < 8u; ++e) {
@@ -124,6 +142,9 @@ void main() {
   const uint lr = lane % 16u, half_ = lane / 16u, row = r0 + grp * 16u + lr;
   const uint at = bth(b, min(row, rows - 1u) / G, kv * G + min(row, rows - 1u) % G, p.H, p.T);
   const uint obase = sg * 16u * FST / 4u;
+#ifdef OUT_IN_TILE
+  barrier();  // every subgroup is done with the last K block
+#endif
   [[unroll]] for (uint fp = 0; fp < FP; ++fp) {
     const uint f = part * FP + fp;
     subgroup_sync();

@@ -20,8 +20,11 @@
 #include "attention/flash_attention_rs.glsl"
 
 // K/V tile, output staging, 1 / l per row, exchange, key flags: past 48 KiB NVIDIA loses the device.
-#if 2 * BLOCK_KEYS * (DMAX + 8) * 2 + FLASH_WG / 32 * 16 * (20 + 1) * 4 + XCH_BYTES + BLOCK_KEYS * 8 > 49152
+#if 2 * BLOCK_KEYS * (DMAX + 8) * 2 + OUT_BYTES + FLASH_WG / 32 * 16 * 4 + XCH_BYTES + BLOCK_KEYS * 8 > 49152
 #error "flash_attention_fwd_rs: shared memory over 48 KiB"
+#endif
+#if defined(OUT_IN_TILE) && 2 * BLOCK_KEYS * (DMAX + 8) * 2 < OUT_BYTES + FLASH_WG / 32 * 16 * 20 * 4
+#error "flash_attention_fwd_rs: the K/V tile cannot stage the output"
 #endif
 
 const uint BC = BLOCK_KEYS;                   // keys per block
@@ -32,7 +35,11 @@ const uint NCH = BC * (DMAX / 8u) / WG;       // 8-element chunks per invocation
 const uint QPASS = BR / (2u * BC);            // Q staged through the K/V tile in passes of 2 BC rows
 
 shared uvec4 kv_s[2u * BC * DS];  // K rows, then V rows (Q rows at the start)
+#ifdef OUT_IN_TILE
+#define out_s kv_s
+#else
 shared uvec4 out_s[NSG * 16u * FST / 4u];
+#endif
 shared float inv_s[NSG * 16u];
 shared bool key_ok[BC];
 shared int key_doc[BC];
@@ -152,6 +159,9 @@ void main() {
   const uint lr = lane % 16u, half_ = lane / 16u, row = r0 + grp * 16u + lr;
   const uint at = bth(b, min(row, rows - 1u) / G, kv * G + row % G, p.H, p.T);
   const uint obase = sg * 16u * FST / 4u;
+#ifdef OUT_IN_TILE
+  barrier();  // every subgroup is done with the last V block
+#endif
   [[unroll]] for (uint fp = 0; fp < FP; ++fp) {
     const uint f = part * FP + fp;
     subgroup_sync();

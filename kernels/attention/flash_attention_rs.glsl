@@ -1,5 +1,5 @@
 // Shared parts of the register-softmax attention kernels (flash_attention_{fwd,bwd_dq,bwd_dkdv}_rs.comp): how a
-// head dim too wide for one subgroup's registers is split. NSPLIT subgroups (1, 2 or 4) share a group of 16 rows
+// head dim too wide for one subgroup's registers is split. NSPLIT subgroups (1, 2, 4 or 8) share a group of 16 rows
 // (16 keys in dK/dV), each owning DP = DMAX / NSPLIT of the head dims: its part of the fixed operands (Q and dO, or
 // K and V) as f16 A fragments and its part of the f32 accumulators. A 16x16 accumulator holds 8 f32 per lane, so
 // at DMAX 128 one subgroup's Q, dO and dQ take 128 registers and its K, V, dK and dV 192: past what a subgroup can
@@ -10,15 +10,27 @@
 // lane (element-major, so a subgroup's stores are 32 consecutive floats), a barrier, and XCH_SUM adds the group's
 // partials in part order, reading its own back too, so every subgroup of a group holds the same bits and takes the
 // same softmax decisions. The kernel defines XCH_SLOTS (fragments exchanged per subgroup between two barriers)
-// before including this file.
+// before including this file. Where the backward kernels' two sums (S and dP) would not fit beside a 512-wide tile,
+// XCH_ROUNDS 2 exchanges them one after the other through one slot (two barriers more per block).
+//
+// OUT_IN_TILE: the epilogue stages each output fragment through the operand tile (after a barrier) instead of an
+// area of its own: the 512 class's tiles leave no room for one. OUT_BYTES is that area's size.
 #ifndef LMTUNE_FLASH_ATTENTION_RS_GLSL
 #define LMTUNE_FLASH_ATTENTION_RS_GLSL
 
 #ifndef NSPLIT
 #define NSPLIT 1
 #endif
-#if NSPLIT != 1 && NSPLIT != 2 && NSPLIT != 4
-#error "flash attention: NSPLIT is 1, 2 or 4"
+#if NSPLIT != 1 && NSPLIT != 2 && NSPLIT != 4 && NSPLIT != 8
+#error "flash attention: NSPLIT is 1, 2, 4 or 8"
+#endif
+#ifndef XCH_ROUNDS
+#define XCH_ROUNDS 1
+#endif
+#ifdef OUT_IN_TILE
+#define OUT_BYTES 0
+#else
+#define OUT_BYTES (FLASH_WG / 32 * 16 * 20 * 4)
 #endif
 
 const uint NGRP = NSG / NSPLIT;  // groups of 16 rows (keys) per workgroup

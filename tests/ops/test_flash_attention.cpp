@@ -9,6 +9,7 @@
 #include "backend/vulkan/flash_attention.h"
 #include "backend/vulkan/matmul.h"
 #include "core/autodiff.h"
+#include "core/backend.h"
 #include "core/error.h"
 #include "core/ops/flash_attention.h"
 #include "ops/op_test_util.h"
@@ -190,8 +191,8 @@ void check_tensor_core_kernels(const Device& d, vk::FlashKernel kind) {
       {"d12_unaligned_rows", 1, 19, 23, 2, 1, 12, false},
       {"sharp_growing_logits", 1, 200, 200, 4, 2, 64, true, 0, 0, 0, false, 0, false, 3.0f},
   });
-  if (all_dims)  // the 128 class (whole head dims in the forward and dQ, split in two for dK/dV) and the 256 class
-    cases.insert(cases.end(), {  // (split in two, and in four for dK/dV), with every mask, at odd lengths
+  if (all_dims)  // the 128 class (whole head dims in the forward and dQ, split in two for dK/dV), the 256 class
+    cases.insert(cases.end(), {  // (split in two, and in four for dK/dV) and the 512 class, every mask, odd lengths
         {"d128_gqa_two_batches", 2, 150, 150, 8, 2, 128},
         {"d128_docs_window_split", 1, 300, 300, 8, 1, 128, true, 70, 0, 0, true},  // dK/dV row-range splits
         {"d128_full_prefill_cache", 2, 45, 77, 4, 2, 128, false, 0, 0, 32, false, 6, true},
@@ -203,10 +204,35 @@ void check_tensor_core_kernels(const Device& d, vk::FlashKernel kind) {
         {"d256_full_padded_keys", 2, 37, 37, 2, 1, 256, false, 0, 0, 0, false, 5},
         {"d200_negative_offset", 1, 80, 80, 4, 2, 200, true, 0, 0, -3},
         {"d256_sharp_growing_logits", 1, 200, 200, 4, 1, 256, true, 0, 0, 0, false, 0, false, 3.0f},
+        // The 512 class (Gemma 4's full layers; split in four, and in eight for dK/dV, two exchange rounds in
+        // the backward): GQA with documents, padded keys without a causal mask, unaligned dims, growing maxima.
+        {"d512_gqa_docs", 2, 133, 133, 8, 2, 512, true, 0, 0, 0, true},
+        {"d512_full_padded_keys", 2, 70, 70, 4, 1, 512, false, 0, 0, 0, false, 5},
+        {"d392_window_softcap_offset", 1, 80, 80, 4, 2, 392, true, 24, 30.0f, -3},
+        {"d512_sharp_growing_logits", 1, 150, 150, 4, 1, 512, true, 0, 0, 0, false, 0, false, 3.0f},
     });
   check_cases(d, cases, {DType::f32, DType::bf16, DType::f16}, 1e-4);
 }
 }  // namespace
+
+// Head dims past 256: the CPU's fused kernels and Vulkan's tensor-core ones (above) take them; where neither runs,
+// ops::attention composes the reference and ops::flash_attention refuses them.
+TEST_P(OpTest, FlashAttentionHeadDim512) {
+  Tensor x = make_input({1, 70, 2, 512}, DType::bf16, dev(), 93);
+  const FlashAttentionParams p = ops::attention_params(x, x, x, {});
+  if (backend(dev()).runs_fused_attention(p, x.dtype())) {
+    // Vulkan's automatic choice takes the tensor cores for 16-bit inputs only.
+    if (!dev().is_cpu()) {
+      EXPECT_EQ(vk::flash_kernel_family(dev(), p, x.dtype()), "coopmat");
+    }
+    const std::vector<DType> dtypes = dev().is_cpu() ? std::vector{DType::f32, DType::bf16} : std::vector{DType::bf16};
+    check_cases(dev(), {{"d512_gqa_window", 1, 70, 70, 4, 2, 512, true, 9}}, dtypes, 1e-4);
+    return;
+  }
+  EXPECT_THROW(ops::flash_attention(x, x, x, {}), ShapeError);
+  const Tensor want = ops::attention_reference(x, x, x, {});
+  EXPECT_TRUE(near(ops::attention(x, x, x, {}), want, 0)) << "ops::attention composes the reference";
+}
 
 TEST_P(OpTest, FlashAttentionTensorCoreKernels) {
   if (dev().is_cpu()) GTEST_SKIP() << "Vulkan only";

@@ -3,8 +3,8 @@
 // (flash_attention_bwd_dkdv.comp), and the merge of a split forward pass (flash_attention_combine.comp); shared
 // code in kernels/attention/flash_attention.glsl. Each attention kernel is built
 // per head-dim class (D <= 64, 128, 256) with block sizes that keep its shared memory under 32 KiB. Tensor-core
-// twins of the forward, dQ and dK/dV kernels (*_rs.comp for every class, *_cm.comp for D <= 64) run where
-// flash_attention.h's choice says.
+// twins of the forward, dQ and dK/dV kernels (*_rs.comp for every class and for D <= 512, *_cm.comp for D <= 64)
+// run where flash_attention.h's choice says.
 #include "backend/vulkan/flash_attention.h"
 
 #include <algorithm>
@@ -64,16 +64,16 @@ struct DeltaPush {
 
 constexpr uint32_t kSharedBytes = 32768;  // the most any variant uses (see the table in docs/vulkan.md)
 
-// "_d64", "_d128" or "_d256": the kernel variant for head dim D.
+// "_d64", "_d128", "_d256" or "_d512" (tensor-core kernels only): the kernel variant for head dim D.
 std::string head_dim_class(const Context& ctx, int64_t D) {
-  if (D > 256)
+  if (D > 512)
     throw ShapeError("vulkan flash attention: head dim " + std::to_string(D) +
-                     " exceeds 256 (ops::attention composes it instead)");
+                     " exceeds 512 (ops::attention composes it instead)");
   if (ctx.properties().limits.maxComputeSharedMemorySize < kSharedBytes)
     throw DeviceError("vulkan flash attention needs 32 KiB of shared memory, the device has " +
                       std::to_string(ctx.properties().limits.maxComputeSharedMemorySize) +
                       " bytes (ops::attention composes it instead)");
-  return D <= 64 ? "_d64" : D <= 128 ? "_d128" : "_d256";
+  return D <= 64 ? "_d64" : D <= 128 ? "_d128" : D <= 256 ? "_d256" : "_d512";
 }
 
 // Element offset, batch and time strides of a [B, T, heads, D] operand whose heads and dims are dense.
@@ -171,6 +171,7 @@ struct TensorCoreBlocks {
   uint32_t fwd_rows, dq_rows, dkdv_keys;
 };
 TensorCoreBlocks tensor_core_blocks(const std::string& cls) {
+  if (cls == "_d512") return {32, 32, 16};
   if (cls == "_d256") return {64, 64, 32};
   if (cls == "_d128") return {128, 128, 64};
   return {128, 128, 128};
@@ -205,11 +206,20 @@ uint32_t decode_splits(const FlashAttentionParams& p) {
   return std::min<uint32_t>({tiles, fill, 64});
 }
 
+// The 512 class has tensor-core kernels only.
+void check_portable_class(const std::string& cls) {
+  if (cls == "_d512")
+    throw ShapeError("vulkan flash attention: head dims past 256 need the tensor-core kernels with the scores in "
+                     "registers (ops::attention composes them elsewhere)");
+}
+
 }  // namespace
 
-bool flash_attention_runs(const Context& ctx, int64_t head_dim) {
-  return head_dim <= 256 && ctx.properties().limits.maxComputeSharedMemorySize >= kSharedBytes;
+bool flash_attention_runs(Context& ctx, const FlashAttentionParams& p, DType q_dtype) {
+  if (ctx.properties().limits.maxComputeSharedMemorySize < kSharedBytes || p.D > 512) return false;
+  return p.D <= 256 || tensor_core_family(ctx, p, q_dtype) == "rs";
 }
+
 
 std::string flash_kernel_family(Device d, const FlashAttentionParams& p, DType q_dtype) {
   const std::string family = tensor_core_family(context_for(d), p, q_dtype);
@@ -243,6 +253,7 @@ void FlashAttention::eval_vulkan(const std::vector<Tensor>& ins, std::vector<Ten
                  {in(q), in(k), in(v), in(q), out(lse), in(q), docs, keys, out(o), in(q)}, f, {blocks, f.KV, batch});
     return;
   }
+  check_portable_class(cls);
   const bool decode = decode_takes(p, f);
   const uint32_t br = p.D <= 64 ? 32 : 16 * (p.D <= 128 ? 2 : 1), bc = p.D <= 64 ? 32 : p.D <= 128 ? 16 : 8;
   const uint32_t blocks = ceil_div(uint64_t(p.T * p.G()), decode ? kDecodeBlockRows : br);
@@ -301,6 +312,7 @@ void FlashAttentionBackward::eval_vulkan(const std::vector<Tensor>& ins, std::ve
   const uint32_t batch = u32(p.B, "batch");
   const std::string tc = tensor_core_family(ctx, p, q.dtype());
   const bool cm = !tc.empty();
+  if (!cm) check_portable_class(cls);
   if (cm) f.flags |= rows_of_8(f, true) ? 8u : 0u;
 
   if (outs[0].numel() > 0) {  // dQ

@@ -1,7 +1,7 @@
 // Vulkan fused attention: which kernels run (tests force them through Context::kernel_choice()). The kernels are
 // kernels/attention/flash_attention_*.comp: portable f32 ones on every device, and tensor-core ones (f16 products
 // through VK_NV_cooperative_matrix, f32 softmax and accumulation): *_rs.comp keep the scores in registers where the
-// device's fragment layout is NVIDIA's mma.sync one (checked on the device; every head dim up to 256), *_cm.comp
+// device's fragment layout is NVIDIA's mma.sync one (checked on the device; every head dim up to 512), *_cm.comp
 // pass them through shared memory elsewhere (head dims up to 64). The ops themselves are
 // FlashAttention(Backward)::eval_vulkan in flash_attention.cpp.
 #pragma once
@@ -15,9 +15,10 @@ namespace lmtune::vk {
 
 class Context;
 
-// Whether the fused attention's kernels run on this device for this head dim (at most 256, 32 KiB of shared
-// memory).
-bool flash_attention_runs(const Context& ctx, int64_t head_dim);
+// Whether the fused attention's kernels run on this device for these inputs: head dims up to 256 with 32 KiB of
+// shared memory; up to 512 where the tensor-core kernels with the scores in registers take them (there is no
+// portable 512 class).
+bool flash_attention_runs(Context& ctx, const FlashAttentionParams& p, DType q_dtype);
 
 // Which kernels the fused attention takes on device d: "portable", "coopmat" (*_rs.comp) or "coopmat-shared"
 // (*_cm.comp). Automatically (KernelChoice::flash) the tensor-core kernels where the device has them (for D > 64

@@ -102,7 +102,8 @@ Tensor attention_reference(const Tensor& q, const Tensor& k, const Tensor& v, co
 }
 
 Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& opt) {
-  if (!backend(q.device()).runs_fused_attention(q.dim(-1))) return attention_reference(q, k, v, opt);
+  if (!backend(q.device()).runs_fused_attention(attention_params(q, k, v, opt), q.dtype()))
+    return attention_reference(q, k, v, opt);
   return flash_attention(q, k, v, opt).first;
 }
 
