@@ -737,6 +737,41 @@ Tensor Decoder::forward_hidden(const Tensor& ids, const Tensor& positions, const
   return norm(x, weights_.final_norm);
 }
 
+namespace {
+
+// table[ids] for a table held as consecutive row blocks: each block gathers the ids it holds (the others read its
+// row 0), and a select per block keeps its rows.
+Tensor gather_row_blocks(const std::vector<Tensor>& blocks, const Tensor& ids) {
+  const std::vector<int32_t> all = ids.to_ints();
+  int64_t total = 0;
+  for (const Tensor& b : blocks) total += b.dim(0);
+  for (size_t i = 0; i < all.size(); ++i)
+    if (all[i] < 0 || all[i] >= total)
+      throw ShapeError("per-layer inputs: id " + std::to_string(all[i]) + " at flat index " + std::to_string(i) +
+                       " is outside the table's " + std::to_string(total) + " rows");
+  Shape row_shape = ids.shape();
+  row_shape.push_back(1);
+  Tensor out;
+  int64_t first = 0;
+  for (const Tensor& block : blocks) {
+    const int64_t end = first + block.dim(0);
+    std::vector<int32_t> local(all.size()), held(all.size());
+    bool any = false;
+    for (size_t i = 0; i < all.size(); ++i) {
+      held[i] = all[i] >= first && all[i] < end;
+      local[i] = held[i] ? int32_t(all[i] - first) : 0;
+      any = any || held[i];
+    }
+    first = end;
+    if (!any) continue;
+    const Tensor rows = ops::embedding(block, Tensor::from_ints(local, ids.shape(), ids.device()));
+    out = out.defined() ? ops::where(Tensor::from_ints(held, row_shape, ids.device()), rows, out) : rows;
+  }
+  return out;
+}
+
+}  // namespace
+
 Tensor Decoder::per_layer_inputs(const Tensor& ids, const Tensor& embedded) const {
   const int64_t P = config_.per_layer_input_size;
   if (P == 0) return Tensor();
@@ -747,12 +782,13 @@ Tensor Decoder::per_layer_inputs(const Tensor& ids, const Tensor& embedded) cons
   Tensor own;
   if (table.device() == ids.device()) {
     own = ops::embedding(table, ids);
-  } else {  // a table beyond the device's addressable range stays in host memory (weights.h): rows gathered there
+  } else {  // a table beyond the device's addressable range stays in host memory (weights.h)
     if (table.requires_grad())
       throw ConfigError("decoder: the per-layer-input table is held in host memory (beyond what the device's "
                         "kernels address); it cannot be trained there (LoRA trains Gemma 4)");
     NoGrad no_grad;
-    own = ops::embedding(table, ids.to(table.device())).to(ids.device());
+    own = weights_.ple_blocks.empty() ? ops::embedding(table, ids.to(table.device())).to(ids.device())
+                                      : gather_row_blocks(weights_.ple_blocks, ids);
   }
   own = ops::cast(own, compute_dtype_);
   own = ops::scale(own, round_to(float(std::sqrt(double(P))), weights_.ple_embed.dtype()));

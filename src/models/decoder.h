@@ -103,6 +103,9 @@ struct DecoderWeights {
   // Gemma 4's per-layer inputs: a token's P values for every layer (embed_tokens_per_layer [Vp, L P]), mixed with
   // a projection of its embedding (per_layer_model_projection [L P, C], normed by per_layer_projection_norm [P]).
   Tensor ple_embed;
+  // Where ple_embed is larger than one kernel can address it is held in host memory (weights.h), and its rows are
+  // also on the device in consecutive blocks of at most that size, which the decoder gathers from.
+  std::vector<Tensor> ple_blocks;
   Linear ple_model_proj;
   Tensor ple_proj_norm;
   std::vector<LayerWeights> layers;

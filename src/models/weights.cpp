@@ -14,6 +14,7 @@
 #include "backend/cpu/strided.h"
 #include "core/backend.h"
 #include "core/error.h"
+#include "core/ops.h"
 #include "core/random.h"
 #include "io/atomic_file.h"
 #include "io/gguf.h"
@@ -356,6 +357,15 @@ bool ignorable(const std::string& name) {
 
 }  // namespace
 
+std::vector<Tensor> row_blocks(const Tensor& table, Device device, size_t max_bytes) {
+  const int64_t rows = table.dim(0), row_bytes = int64_t(table.nbytes()) / std::max<int64_t>(rows, 1);
+  const int64_t per_block = std::max<int64_t>(1, int64_t(max_bytes) / std::max<int64_t>(row_bytes, 1));
+  std::vector<Tensor> blocks;
+  for (int64_t r = 0; r < rows; r += per_block)
+    blocks.push_back(ops::contiguous(ops::slice(table, 0, r, std::min(rows, r + per_block))).to(device));
+  return blocks;
+}
+
 DecoderWeights load_weights(const ModelConfig& config, const fs::path& checkpoint, DType dtype, Device device,
                             std::optional<quant::Format> quantize) {
   if (!is_float(dtype)) throw ConfigError("load_weights: weight dtype must be f32, f16 or bf16");
@@ -398,6 +408,8 @@ DecoderWeights load_weights(const ModelConfig& config, const fs::path& checkpoin
     w.lm_head = w.embed;
     used.insert(layout.stored("lm_head.weight"));  // some tied checkpoints store a copy; transformers ignores it
   }
+  if (w.ple_embed.defined() && w.ple_embed.device() != device)
+    w.ple_blocks = row_blocks(w.ple_embed, device, backend(device).max_tensor_bytes());
   std::vector<std::string> unused;
   for (const std::string& n : ckpt.names())
     if (!used.count(n) && !ignorable(n)) unused.push_back(n);

@@ -44,14 +44,17 @@ struct ParamRef {
                              // weight goes to linear->qweight as it is)
   bool trainable = true;     // false for buffers (Gemma 4's layer_scalar): full fine-tuning leaves them
   // Gemma 4's per-layer-input table (262144 x L P: 4.4 GiB for E2B) is looked up row by row: where it is larger
-  // than the device's kernels can address (Backend::max_tensor_bytes), it is loaded into host memory instead and
-  // the decoder gathers its rows there (Decoder::per_layer_inputs).
+  // than the device's kernels can address (Backend::max_tensor_bytes), it is loaded into host memory, and its
+  // rows also onto the device in blocks that are not (row_blocks; Decoder::per_layer_inputs gathers from them).
   bool host_if_too_large = false;
 };
 
 // Every stored parameter of the model described by `config`, in a stable order (embedding, layers, final norm,
 // lm_head). Resizes weights.layers to the config's layer count. The tied lm_head is not listed.
 std::vector<ParamRef> parameter_map(const ModelConfig& config, DecoderWeights& weights);
+
+// The rows of a [V, N] table on `device` in consecutive blocks of at most max_bytes each.
+std::vector<Tensor> row_blocks(const Tensor& table, Device device, size_t max_bytes);
 
 // The GGUF tensor name llama.cpp's convert_hf_to_gguf.py gives a parameter (plain HF name): token_embd.weight,
 // output_norm.weight, output.weight, blk.N.{attn_norm, attn_q, attn_k, attn_v, attn_output, attn_q_norm, attn_k_norm,

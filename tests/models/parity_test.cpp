@@ -223,8 +223,8 @@ TEST_P(Parity, F16ActivationsWithF32Weights) {
 }
 
 // Gemma 4's per-layer-input table held in host memory (what loading does where it is larger than the device's
-// kernels address, 4 GiB on NVIDIA): its rows are gathered on the host, with logits equal to the device table's;
-// training it there is refused.
+// kernels address, 4 GiB on NVIDIA): its rows gathered on the host, or on the device from row blocks (what loading
+// adds there), give the logits of the whole table on the device; training it there is refused.
 TEST(Gemma4, PerLayerTableInHostMemory) {
   for (const std::string& dev : test::test_devices()) {
     const Device d = parse_device(dev);
@@ -236,6 +236,11 @@ TEST(Gemma4, PerLayerTableInHostMemory) {
     model.weights().ple_embed = model.weights().ple_embed.to(d.is_vulkan() ? Device::cpu() : d);
     EXPECT_EQ(model.forward(ids, positions).to_floats(), on_device) << dev;
     if (!d.is_vulkan()) continue;
+    // On the device again, in blocks of 3 rows.
+    const Tensor& table = model.weights().ple_embed;
+    model.weights().ple_blocks = row_blocks(table, d, size_t(3 * table.dim(1)) * dtype_size(table.dtype()) + 5);
+    EXPECT_EQ(model.weights().ple_blocks.size(), size_t((table.dim(0) + 2) / 3));
+    EXPECT_EQ(model.forward(ids, positions).to_floats(), on_device) << dev << ", table in blocks";
     model.weights().ple_embed.set_requires_grad(true);
     EXPECT_THROW(model.forward(ids, positions), ConfigError);
   }
