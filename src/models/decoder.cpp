@@ -786,9 +786,11 @@ Tensor Decoder::per_layer_inputs(const Tensor& ids, const Tensor& embedded) cons
     if (table.requires_grad())
       throw ConfigError("decoder: the per-layer-input table is held in host memory (beyond what the device's "
                         "kernels address); it cannot be trained there (LoRA trains Gemma 4)");
+    if (weights_.ple_blocks.empty())
+      throw ShapeError("decoder: the per-layer-input table is in host memory without its rows on the device "
+                       "(models::row_blocks)");
     NoGrad no_grad;
-    own = weights_.ple_blocks.empty() ? ops::embedding(table, ids.to(table.device())).to(ids.device())
-                                      : gather_row_blocks(weights_.ple_blocks, ids);
+    own = gather_row_blocks(weights_.ple_blocks, ids);
   }
   own = ops::cast(own, compute_dtype_);
   own = ops::scale(own, round_to(float(std::sqrt(double(P))), weights_.ple_embed.dtype()));
