@@ -304,9 +304,7 @@ RopeConfig parse_rope(const Scope& d, const RopeContext& ctx) {
 }
 
 const ModelDefaults& find_model(const Scope& top, const std::string& model_type) {
-  const bool wrapper = model_type == "gemma3" || model_type == "gemma4" || model_type == "qwen3_5" ||
-                       model_type == "qwen3_5_moe";
-  const std::string wanted = wrapper ? model_type + "_text" : model_type;
+  const std::string wanted = text_model_type(model_type);
   for (const ModelDefaults& m : kModels)
     if (wanted == m.model_type) return m;
   std::string list;
@@ -482,6 +480,16 @@ std::string_view activation_name(Activation a) {
   return "?";
 }
 
+std::string text_model_type(const std::string& model_type) {
+  const bool wrapper = model_type == "gemma3" || model_type == "gemma4" || model_type == "qwen3_5" ||
+                       model_type == "qwen3_5_moe";
+  return wrapper ? model_type + "_text" : model_type;
+}
+
+bool has_gated_deltanet(std::string_view type) {
+  return type == "qwen3_next" || type == "qwen3_5_text" || type == "qwen3_5_moe_text";
+}
+
 const std::vector<std::string>& supported_model_types() {
   static const std::vector<std::string> types = {"llama", "mistral",     "mixtral", "qwen2", "qwen3",
                                                  "qwen3_moe", "qwen3_next", "qwen3_5_text", "qwen3_5",
@@ -530,8 +538,7 @@ ModelConfig parse_model_config(std::string_view json_text, const std::string& wh
     c.head_dim = c.hidden_size / c.num_attention_heads;
   }
   // transformers 5 keeps partial_rotary_factor in rope_parameters (Gemma 4's there means its proportional rope's).
-  const std::string_view family = d.model_type;  // Gated DeltaNet hybrids:
-  const bool next = family == "qwen3_next" || family == "qwen3_5_text" || family == "qwen3_5_moe_text";
+  const bool next = has_gated_deltanet(d.model_type);
   std::optional<double> partial_in_rope;
   if (!gemma4 && s.has("rope_parameters"))
     partial_in_rope = s.sub("rope_parameters").opt_num("partial_rotary_factor");

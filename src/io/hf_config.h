@@ -177,6 +177,11 @@ struct ModelConfig {
 
 // model_type values parse_model_config accepts.
 const std::vector<std::string>& supported_model_types();
+// The model_type whose settings sit in a config's text_config ("gemma3" -> "gemma3_text"; the multimodal wrappers
+// gemma3, gemma4, qwen3_5, qwen3_5_moe), or model_type itself.
+std::string text_model_type(const std::string& model_type);
+// Whether a text model_type's layers include Gated DeltaNet ones (qwen3_next, qwen3_5_text, qwen3_5_moe_text).
+bool has_gated_deltanet(std::string_view text_model_type);
 
 // `where` names the file in messages.
 ModelConfig parse_model_config(std::string_view json_text, const std::string& where = "config.json");

@@ -102,10 +102,8 @@ json eos(const std::vector<int64_t>& ids) {
 }  // namespace
 
 json hf_config_json(const ModelConfig& c, const json& extra) {
-  const bool wrapper = c.model_type == "gemma3" || c.model_type == "gemma4" || c.model_type == "qwen3_5" ||
-                       c.model_type == "qwen3_5_moe";
-  const std::string type = wrapper ? c.model_type + "_text" : c.model_type;
-  const bool delta_net = type == "qwen3_next" || type == "qwen3_5_text" || type == "qwen3_5_moe_text";
+  const std::string type = text_model_type(c.model_type);
+  const bool delta_net = has_gated_deltanet(type);
   const bool gemma = type == "gemma2" || type == "gemma3_text" || type == "gemma4_text";
   const bool qwen = type == "qwen2" || type == "qwen3" || type == "qwen3_moe";
   json j = json::object();
