@@ -95,9 +95,8 @@ std::vector<NamedLinear> named_linears(DecoderWeights& w) {
   for (size_t i = 0; i < w.layers.size(); ++i) {
     std::string p = "model.layers." + std::to_string(i) + ".";
     LayerWeights& l = w.layers[i];
-    auto has = [](const Linear& lin) { return lin.weight.defined() || lin.qweight.defined(); };
     auto add = [&](const std::string& module, const char* kind, Linear& lin) {
-      if (has(lin)) out.push_back({p + module, kind, &lin});
+      if (lin.present()) out.push_back({p + module, kind, &lin});
     };
     add("self_attn.q_proj", "q_proj", l.attn.q);  // none on a Gated DeltaNet layer
     add("self_attn.k_proj", "k_proj", l.attn.k);  // Gemma 4: shared layers

@@ -68,7 +68,7 @@ std::vector<Linear*> DecoderWeights::linears() {
   std::vector<Linear*> out;
   for (LayerWeights& l : layers)
     for (Linear* p : l.linears())
-      if (p->weight.defined() || p->qweight.defined()) out.push_back(p);  // expert layers have no dense MLP
+      if (p->present()) out.push_back(p);  // expert layers have no dense MLP
   return out;
 }
 
@@ -485,10 +485,9 @@ namespace {
 // (k_eq_v); q alone where the layer takes another's keys and values.
 template <typename Attention>
 std::vector<decltype(&std::declval<Attention&>().q)> attention_parts(Attention& a) {
-  auto has = [](const Linear& l) { return l.weight.defined() || l.qweight.defined(); };
   std::vector<decltype(&a.q)> parts{&a.q};
-  if (has(a.k)) parts.push_back(&a.k);
-  if (has(a.v)) parts.push_back(&a.v);
+  if (a.k.present()) parts.push_back(&a.k);
+  if (a.v.present()) parts.push_back(&a.v);
   return parts;
 }
 }  // namespace
@@ -611,7 +610,7 @@ Tensor Decoder::mlp_forward(const LayerWeights& w, const LayerConfig& lc, const 
   }
   if (lc.moe) {
     Tensor m = moe_mlp(w.moe, h, config_, act, router_logits, options.row_adapters);
-    if (w.moe.shared_gate.weight.defined())  // qwen3_next: + sigmoid(shared_gate(h)) * shared_expert(h)
+    if (w.moe.shared_gate.present())  // qwen3_next: + sigmoid(shared_gate(h)) * shared_expert(h)
       m = ops::add(m, ops::mul(ops::sigmoid(w.moe.shared_gate(h, options.row_adapters)),
                                dense_mlp(w.moe.shared, h, options)));
     return ops::add(r, config_.sandwich_norms ? norm(m, w.post_mlp_norm) : m);

@@ -49,6 +49,8 @@ class Linear {
   Linear() = default;
   Linear(Tensor weight, Tensor bias = Tensor()) : weight(std::move(weight)), bias(std::move(bias)) {}
 
+  // Whether the model has this projection (dense or quantized weight).
+  bool present() const { return weight.defined() || qweight.defined(); }
   int64_t in_features() const { return qweight.defined() ? qweight.cols() : weight.dim(1); }
   int64_t out_features() const { return qweight.defined() ? qweight.rows() : weight.dim(0); }
 

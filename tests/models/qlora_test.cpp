@@ -3,10 +3,13 @@
 // dropout, the merged weight), and load_weights quantizes the decoder layers' projections as it reads them.
 #include <gtest/gtest.h>
 
+#include <fstream>
+
 #include "core/autodiff.h"
 #include "core/error.h"
 #include "core/ops.h"
 #include "models/decoder.h"
+#include "models/init_model.h"
 #include "models/linear.h"
 #include "models/weights.h"
 #include "models_test_util.h"
@@ -105,6 +108,44 @@ TEST(QLoRALinear, LoadWeightsQuantizesTheProjections) {
     const std::string m = e.what();
     EXPECT_NE(m.find("model.layers.0.self_attn.q_proj.weight"), std::string::npos) << m;
     EXPECT_NE(m.find("nf4"), std::string::npos) << m;
+  }
+}
+
+// The Gated DeltaNet hybrids: a random tiny-qwen3-next model loads with every projection quantized (DeltaNet's
+// in_proj_* and out_proj, gated attention, the shared expert and its gate) and computes what the model with the
+// dequantized weights computes, on every device.
+TEST(QLoRALinear, LoadWeightsQuantizesTheGatedDeltaNetHybrid) {
+  const std::filesystem::path dir = std::filesystem::path(LMTUNE_BINARY_DIR) / "test_models_tmp";
+  std::filesystem::create_directories(dir);
+  std::ifstream preset(std::filesystem::path(LMTUNE_SOURCE_DIR) / "configs" / "presets" / "tiny-qwen3-next.yaml");
+  std::ofstream(dir / "qlora_qwen3_next.yaml") << preset.rdbuf() << "\nvocab_size: 96\n";
+  InitOptions o;
+  o.preset = dir / "qlora_qwen3_next.yaml";
+  o.out = dir / "qlora_qwen3_next";
+  o.seed = 5;
+  o.overwrite = true;
+  init_model_dir(o);
+  for (const std::string& dev : test_devices()) {
+    const Device d = parse_device(dev);
+    Decoder dense = load_decoder(o.out, DType::f32, DType::f32, d);
+    Decoder quant = load_decoder(o.out, DType::f32, DType::f32, d, quant::Format::q8_0);
+    const std::vector<Linear*> ql = quant.weights().linears();
+    size_t deltanet = 0;
+    for (const LayerWeights& l : quant.weights().layers) deltanet += l.delta.out.qweight.defined();
+    EXPECT_EQ(deltanet, 3u) << dev;
+    // The dense twin holds the dequantized weights (a random router's near-ties would flip between the dense and
+    // the quantized weights' values, so only the same values can be compared).
+    const std::vector<Linear*> dl = dense.weights().linears();
+    ASSERT_EQ(dl.size(), ql.size());
+    for (size_t i = 0; i < ql.size(); ++i) {
+      ASSERT_TRUE(ql[i]->qweight.defined() && !ql[i]->weight.defined()) << dev << " linear " << i;
+      dl[i]->weight = quant::dequantize(ql[i]->qweight, DType::f32);
+    }
+    const Tensor ids = Tensor::from_ints({5, 9, 17, 33, 41, 2, 7, 11}, {2, 4}, d);
+    const Tensor pos = default_positions(2, 4, d);
+    NoGrad no_grad;
+    const std::vector<float> want = dense.forward(ids, pos).to_floats(), got = quant.forward(ids, pos).to_floats();
+    EXPECT_LT(rel_err(got, want), 1e-5) << dev;
   }
 }
 
