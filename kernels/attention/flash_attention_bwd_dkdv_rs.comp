@@ -21,15 +21,14 @@
 #define TILE_BUFS 2
 #endif
 #define XCH_SLOTS (2 * BLOCK_ROWS / 16 / XCH_ROUNDS)
+#define OUT_TILE qo_s
+#define OUT_TILE_BYTES (TILE_BUFS * 2 * BLOCK_ROWS * (DMAX + 8) * 2)
 #include "attention/flash_attention_cm.glsl"
 #include "attention/flash_attention_rs.glsl"
 
 // Q/dO tile, output staging, exchange, row data: past 48 KiB NVIDIA loses the device.
 #if TILE_BUFS * 2 * BLOCK_ROWS * (DMAX + 8) * 2 + OUT_BYTES + XCH_BYTES + TILE_BUFS * BLOCK_ROWS * 20 > 49152
 #error "flash_attention_bwd_dkdv_rs: shared memory over 48 KiB"
-#endif
-#if defined(OUT_IN_TILE) && TILE_BUFS * 2 * BLOCK_ROWS * (DMAX + 8) * 2 < FLASH_WG / 32 * 16 * 20 * 4
-#error "flash_attention_bwd_dkdv_rs: the Q/dO tile cannot stage the output"
 #endif
 #if XCH_ROUNDS == 2 && BLOCK_ROWS != 16
 #error "flash_attention_bwd_dkdv_rs: two exchange rounds take one 16-row fragment per block"
@@ -44,18 +43,12 @@
 const uint BR = BLOCK_ROWS;               // rows per block
 const uint BC = NGRP * 16u;               // keys per workgroup
 const uint TILE = 2u * BR * DS;           // uvec4 of one buffer: Q rows, then dO rows
-const uint FST = 20u;                     // f32 stride of a subgroup's 16x16 dK / dV fragment
 const float LOG2E = 1.4426950408889634;
 const uint NCH = BR * (DMAX / 8u) / WG;   // 8-element chunks per invocation of a Q or dO block
 const uint KCAP = TILE_BUFS * 2u * BR;    // K (then V) rows the tile holds at the start
 const uint NKCH = KCAP * (DMAX / 8u) / WG;
 
 shared uvec4 qo_s[TILE_BUFS * TILE];
-#ifdef OUT_IN_TILE
-#define out_s qo_s
-#else
-shared uvec4 out_s[NSG * 16u * FST / 4u];
-#endif
 SHARED_ROW_DATA(TILE_BUFS * BR)
 
 // Writes a subgroup's accumulators ACC (its part of the head dims) a fragment at a time through shared memory

@@ -12,6 +12,8 @@
 #define BLOCK_KEYS 32
 #endif
 #define XCH_SLOTS (2 * BLOCK_KEYS / 16 / XCH_ROUNDS)
+#define OUT_TILE kv_s
+#define OUT_TILE_BYTES (2 * BLOCK_KEYS * (DMAX + 8) * 2)
 #include "attention/flash_attention_cm.glsl"
 #include "attention/flash_attention_rs.glsl"
 
@@ -19,25 +21,16 @@
 #if 2 * BLOCK_KEYS * (DMAX + 8) * 2 + OUT_BYTES + XCH_BYTES + BLOCK_KEYS * 8 > 49152
 #error "flash_attention_bwd_dq_rs: shared memory over 48 KiB"
 #endif
-#if defined(OUT_IN_TILE) && 2 * BLOCK_KEYS * (DMAX + 8) * 2 < FLASH_WG / 32 * 16 * 20 * 4
-#error "flash_attention_bwd_dq_rs: the K/V tile cannot stage the output"
-#endif
 #if XCH_ROUNDS == 2 && BLOCK_KEYS != 16
 #error "flash_attention_bwd_dq_rs: two exchange rounds take one 16-key fragment per block"
 #endif
 
 const uint BC = BLOCK_KEYS;               // keys per block
 const uint BR = NGRP * 16u;               // rows per workgroup
-const uint FST = 20u;                     // f32 stride of a subgroup's 16x16 dQ fragment
 const uint NCH = BC * (DMAX / 8u) / WG;   // 8-element chunks per invocation of a K or V tile
 const uint QPASS = BR / (2u * BC);        // Q (then dO) staged through the K/V tile in passes of 2 BC rows
 
 shared uvec4 kv_s[2u * BC * DS];  // K rows, then V rows (Q and dO rows at the start)
-#ifdef OUT_IN_TILE
-#define out_s kv_s
-#else
-shared uvec4 out_s[NSG * 16u * FST / 4u];
-#endif
 shared bool key_ok[BC];
 shared int key_doc[BC];
 

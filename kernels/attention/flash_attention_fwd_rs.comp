@@ -16,6 +16,8 @@
 #define BLOCK_KEYS 32
 #endif
 #define XCH_SLOTS (BLOCK_KEYS / 16)
+#define OUT_TILE kv_s
+#define OUT_TILE_BYTES (2 * BLOCK_KEYS * (DMAX + 8) * 2)
 #include "attention/flash_attention_cm.glsl"
 #include "attention/flash_attention_rs.glsl"
 
@@ -23,23 +25,14 @@
 #if 2 * BLOCK_KEYS * (DMAX + 8) * 2 + OUT_BYTES + FLASH_WG / 32 * 16 * 4 + XCH_BYTES + BLOCK_KEYS * 8 > 49152
 #error "flash_attention_fwd_rs: shared memory over 48 KiB"
 #endif
-#if defined(OUT_IN_TILE) && 2 * BLOCK_KEYS * (DMAX + 8) * 2 < OUT_BYTES + FLASH_WG / 32 * 16 * 20 * 4
-#error "flash_attention_fwd_rs: the K/V tile cannot stage the output"
-#endif
 
 const uint BC = BLOCK_KEYS;                   // keys per block
 const uint BR = NGRP * 16u;                   // rows per workgroup
-const uint FST = 20u;                         // f32 stride of a subgroup's 16x16 output fragment
 const float TAU = 8.0;                        // lazy rescaling threshold (e^8 = 2981)
 const uint NCH = BC * (DMAX / 8u) / WG;       // 8-element chunks per invocation of a K or V tile
 const uint QPASS = BR / (2u * BC);            // Q staged through the K/V tile in passes of 2 BC rows
 
 shared uvec4 kv_s[2u * BC * DS];  // K rows, then V rows (Q rows at the start)
-#ifdef OUT_IN_TILE
-#define out_s kv_s
-#else
-shared uvec4 out_s[NSG * 16u * FST / 4u];
-#endif
 shared float inv_s[NSG * 16u];
 shared bool key_ok[BC];
 shared int key_doc[BC];

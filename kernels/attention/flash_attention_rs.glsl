@@ -13,8 +13,9 @@
 // before including this file. Where the backward kernels' two sums (S and dP) would not fit beside a 512-wide tile,
 // XCH_ROUNDS 2 exchanges them one after the other through one slot (two barriers more per block).
 //
-// OUT_IN_TILE: the epilogue stages each output fragment through the operand tile (after a barrier) instead of an
-// area of its own: the 512 class's tiles leave no room for one. OUT_BYTES is that area's size.
+// out_s: where the epilogue stages a subgroup's 16x16 f32 output fragments (row stride FST). With OUT_IN_TILE, the
+// kernel's operand tile OUT_TILE (of OUT_TILE_BYTES), after a barrier, instead of an area of its own: the 512
+// class's tiles leave no room for one. OUT_BYTES is that area's size.
 #ifndef LMTUNE_FLASH_ATTENTION_RS_GLSL
 #define LMTUNE_FLASH_ATTENTION_RS_GLSL
 
@@ -27,10 +28,16 @@
 #ifndef XCH_ROUNDS
 #define XCH_ROUNDS 1
 #endif
+const uint FST = 20u;
 #ifdef OUT_IN_TILE
 #define OUT_BYTES 0
+#if OUT_TILE_BYTES < FLASH_WG / 32 * 16 * 20 * 4
+#error "flash attention: the operand tile cannot stage the outputs"
+#endif
+#define out_s OUT_TILE
 #else
 #define OUT_BYTES (FLASH_WG / 32 * 16 * 20 * 4)
+shared uvec4 out_s[NSG * 16u * FST / 4u];
 #endif
 
 const uint NGRP = NSG / NSPLIT;  // groups of 16 rows (keys) per workgroup
