@@ -51,9 +51,11 @@ class Backend {
   virtual size_t max_tensor_bytes() const { return SIZE_MAX; }
   // Bytes that allocations can still get (device memory budget); 0 when the backend cannot tell.
   virtual size_t available_bytes() const { return 0; }
-  // Whether the fused attention (FlashAttention) runs here for these parameters and query dtype; ops::attention
-  // composes it otherwise.
-  virtual bool runs_fused_attention(const FlashAttentionParams& /*p*/, DType /*q_dtype*/) const { return true; }
+  // Whether the fused attention (FlashAttention) runs here for these parameters and query dtype, and its backward
+  // too when `backward`; ops::attention composes it otherwise.
+  virtual bool runs_fused_attention(const FlashAttentionParams& /*p*/, DType /*q_dtype*/, bool /*backward*/) const {
+    return true;
+  }
 };
 
 // The backend for a device (created on first use). Defined in src/backend/registry.cpp.

@@ -216,22 +216,52 @@ void check_tensor_core_kernels(const Device& d, vk::FlashKernel kind) {
 }  // namespace
 
 // Head dims past 256: the CPU's fused kernels and Vulkan's tensor-core ones (above) take them; where neither runs,
-// ops::attention composes the reference and ops::flash_attention refuses them.
+// ops::attention composes the reference and ops::flash_attention refuses them. Decoding (forward only) takes the
+// fused path on every device: on Vulkan the decode kernel's 512 class, also from rows off 8-element boundaries.
 TEST_P(OpTest, FlashAttentionHeadDim512) {
   Tensor x = make_input({1, 70, 2, 512}, DType::bf16, dev(), 93);
   const FlashAttentionParams p = ops::attention_params(x, x, x, {});
-  if (backend(dev()).runs_fused_attention(p, x.dtype())) {
+  if (backend(dev()).runs_fused_attention(p, x.dtype(), true)) {
     // Vulkan's automatic choice takes the tensor cores for 16-bit inputs only.
     if (!dev().is_cpu()) {
       EXPECT_EQ(vk::flash_kernel_family(dev(), p, x.dtype()), "coopmat");
     }
     const std::vector<DType> dtypes = dev().is_cpu() ? std::vector{DType::f32, DType::bf16} : std::vector{DType::bf16};
     check_cases(dev(), {{"d512_gqa_window", 1, 70, 70, 4, 2, 512, true, 9}}, dtypes, 1e-4);
-    return;
+  } else {
+    EXPECT_THROW(ops::flash_attention(x, x, x, {}), ShapeError);
+    const Tensor want = ops::attention_reference(x, x, x, {});
+    EXPECT_TRUE(near(ops::attention(x, x, x, {}), want, 0)) << "ops::attention composes the reference";
   }
-  EXPECT_THROW(ops::flash_attention(x, x, x, {}), ShapeError);
-  const Tensor want = ops::attention_reference(x, x, x, {});
-  EXPECT_TRUE(near(ops::attention(x, x, x, {}), want, 0)) << "ops::attention composes the reference";
+  NoGrad no_grad;
+  const int64_t B = 2, S = 90, H = 8, D = 512;
+  auto input = [&](const Shape& s, uint64_t seed) {  // bf16-representable
+    return ops::cast(ops::cast(make_input(s, DType::f32, dev(), seed, Layout::contiguous, 0.1f, 1.5f), DType::bf16),
+                     DType::f32);
+  };
+  const Tensor q = input({B, 1, H, D}, 94);
+  const Tensor k = ops::slice(input({B, S + 6, 1, D}, 95), 1, 0, S), v = ops::slice(input({B, S + 6, 1, D}, 96), 1, 0, S);
+  ops::AttentionOptions opt;
+  opt.q_offset = S - 1;
+  opt.window = 40;
+  opt.softcap = 30.0f;
+  std::vector<int32_t> mask(static_cast<size_t>(B * S), 1);
+  for (int64_t j = 60; j < 63; ++j) mask[size_t(S + j)] = 0;
+  opt.key_mask = Tensor::from_ints(mask, {B, S}, dev());
+  const Tensor want = ops::attention_reference(q, k, v, opt);
+  for (DType dt : {DType::f32, DType::bf16})
+    for (bool shifted : {false, true}) {
+      LMTUNE_CASE(dtype_name(dt) << (shifted ? " q 3 elements off" : ""));
+      Tensor qd = ops::cast(q, dt);
+      if (shifted) {
+        const Tensor flat = ops::concat({Tensor::zeros({3}, dt, dev()), ops::reshape(qd, {-1})}, 0);
+        qd = ops::reshape(ops::slice(flat, 0, 3, 3 + qd.numel()), q.shape());
+        EXPECT_EQ(qd.offset() % 8, 3);
+      }
+      const Tensor kd = ops::cast(k, dt), vd = ops::cast(v, dt);
+      EXPECT_TRUE(backend(dev()).runs_fused_attention(ops::attention_params(qd, kd, vd, opt), dt, false));
+      EXPECT_TRUE(near(ops::attention(qd, kd, vd, opt), want, dt == DType::f32 ? 1e-8 : 1e-4));
+    }
 }
 
 TEST_P(OpTest, FlashAttentionTensorCoreKernels) {

@@ -96,8 +96,8 @@ class VulkanBackend final : public Backend {
     return ctx_->kernel_choice().matmul != MatmulKernel::scalar && coopmat_available(ctx_->index());
   }
   bool prefers_transposed_weights() const override { return rounds_bf16_products_to_f16(); }
-  bool runs_fused_attention(const FlashAttentionParams& p, DType q_dtype) const override {
-    return flash_attention_runs(*ctx_, p, q_dtype);
+  bool runs_fused_attention(const FlashAttentionParams& p, DType q_dtype, bool backward) const override {
+    return flash_attention_runs(*ctx_, p, q_dtype, backward);
   }
   size_t max_tensor_bytes() const override { return ctx_->properties().limits.maxStorageBufferRange; }
   size_t available_bytes() const override {

@@ -197,27 +197,33 @@ uint32_t vec_out_flag(const FlashPush& f) { return f.D % 8 == 0 && f.y_off % 8 =
 // workgroup's loop over keys is latency-bound), up to enough workgroups to fill a GPU.
 constexpr int64_t kDecodeRows = 16, kDecodeBlockRows = 8;
 constexpr uint32_t kDecodeSplitKeys = 32;
-bool decode_takes(const FlashAttentionParams& p, const FlashPush& f) {
-  return p.T * p.G() <= kDecodeRows && !p.docs && rows_of_8(f, false);
-}
+bool decode_fits(const FlashAttentionParams& p) { return p.T * p.G() <= kDecodeRows && !p.docs && p.D % 8 == 0; }
+bool decode_takes(const FlashAttentionParams& p, const FlashPush& f) { return decode_fits(p) && rows_of_8(f, false); }
 uint32_t decode_splits(const FlashAttentionParams& p) {
   const uint32_t tiles = ceil_div(uint64_t(std::max<int64_t>(p.S, 1)), kDecodeSplitKeys);
   const uint32_t fill = uint32_t(std::max<int64_t>(1, 256 / std::max<int64_t>(1, p.KV * p.B)));
   return std::min<uint32_t>({tiles, fill, 64});
 }
 
-// The 512 class has tensor-core kernels only.
-void check_portable_class(const std::string& cls) {
-  if (cls == "_d512")
+// The 512 class has tensor-core kernels and the decode kernel only.
+void check_portable_class(const std::string& cls, bool decode) {
+  if (cls == "_d512" && !decode)
     throw ShapeError("vulkan flash attention: head dims past 256 need the tensor-core kernels with the scores in "
-                     "registers (ops::attention composes them elsewhere)");
+                     "registers, or decoding's kernel forward (ops::attention composes them elsewhere)");
+}
+
+// A dense copy from offset 0: rows on 8-element boundaries wherever D is a multiple of 8.
+Tensor aligned_copy(const Tensor& x) {
+  Tensor y = Tensor::empty(x.shape(), x.dtype(), x.device());
+  copy_tensor(x, y);
+  return y;
 }
 
 }  // namespace
 
-bool flash_attention_runs(Context& ctx, const FlashAttentionParams& p, DType q_dtype) {
+bool flash_attention_runs(Context& ctx, const FlashAttentionParams& p, DType q_dtype, bool backward) {
   if (ctx.properties().limits.maxComputeSharedMemorySize < kSharedBytes || p.D > 512) return false;
-  return p.D <= 256 || tensor_core_family(ctx, p, q_dtype) == "rs";
+  return p.D <= 256 || tensor_core_family(ctx, p, q_dtype) == "rs" || (!backward && decode_fits(p));
 }
 
 
@@ -235,7 +241,7 @@ void FlashAttention::eval_vulkan(const std::vector<Tensor>& ins, std::vector<Ten
   if (outs[0].numel() == 0 && outs[1].numel() == 0) return;
   Context& ctx = context_for(outs[0].device());
   const std::string cls = head_dim_class(ctx, p.D);
-  const Tensor &q = ins[0], &k = ins[1], &v = ins[2];
+  Tensor q = ins[0], k = ins[1], v = ins[2];
   Tensor &o = outs[0], &lse = outs[1];
   std::vector<Tensor> masks = mask_inputs(p, ins, 3);
   FlashPush f = make_push(p, q, k, v, masks);
@@ -253,8 +259,12 @@ void FlashAttention::eval_vulkan(const std::vector<Tensor>& ins, std::vector<Ten
                  {in(q), in(k), in(v), in(q), out(lse), in(q), docs, keys, out(o), in(q)}, f, {blocks, f.KV, batch});
     return;
   }
-  check_portable_class(cls);
+  if (cls == "_d512" && decode_fits(p) && !decode_takes(p, f)) {  // the 512 class decodes rows of 8 elements only
+    q = aligned_copy(q), k = aligned_copy(k), v = aligned_copy(v);
+    f = make_push(p, q, k, v, masks);
+  }
   const bool decode = decode_takes(p, f);
+  check_portable_class(cls, decode);
   const uint32_t br = p.D <= 64 ? 32 : 16 * (p.D <= 128 ? 2 : 1), bc = p.D <= 64 ? 32 : p.D <= 128 ? 16 : 8;
   const uint32_t blocks = ceil_div(uint64_t(p.T * p.G()), decode ? kDecodeBlockRows : br);
   check_grid(blocks, "query");
@@ -312,7 +322,7 @@ void FlashAttentionBackward::eval_vulkan(const std::vector<Tensor>& ins, std::ve
   const uint32_t batch = u32(p.B, "batch");
   const std::string tc = tensor_core_family(ctx, p, q.dtype());
   const bool cm = !tc.empty();
-  if (!cm) check_portable_class(cls);
+  if (!cm) check_portable_class(cls, false);
   if (cm) f.flags |= rows_of_8(f, true) ? 8u : 0u;
 
   if (outs[0].numel() > 0) {  // dQ

@@ -15,10 +15,11 @@ namespace lmtune::vk {
 
 class Context;
 
-// Whether the fused attention's kernels run on this device for these inputs: head dims up to 256 with 32 KiB of
-// shared memory; up to 512 where the tensor-core kernels with the scores in registers take them (there is no
-// portable 512 class).
-bool flash_attention_runs(Context& ctx, const FlashAttentionParams& p, DType q_dtype);
+// Whether the fused attention's kernels run on this device for these inputs (and their backward, with `backward`):
+// head dims up to 256 with 32 KiB of shared memory; up to 512 where the tensor-core kernels with the scores in
+// registers take them, or forward only where the decode kernel does (at most 16 rows per kv head, no documents,
+// head dims in multiples of 8): the other portable kernels have no 512 class.
+bool flash_attention_runs(Context& ctx, const FlashAttentionParams& p, DType q_dtype, bool backward);
 
 // Which kernels the fused attention takes on device d: "portable", "coopmat" (*_rs.comp) or "coopmat-shared"
 // (*_cm.comp). Automatically (KernelChoice::flash) the tensor-core kernels where the device has them (for D > 64

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <limits>
 
+#include "core/autodiff.h"
 #include "core/backend.h"
 #include "core/error.h"
 #include "core/ops.h"
@@ -102,7 +103,8 @@ Tensor attention_reference(const Tensor& q, const Tensor& k, const Tensor& v, co
 }
 
 Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& opt) {
-  if (!backend(q.device()).runs_fused_attention(attention_params(q, k, v, opt), q.dtype()))
+  const bool backward = grad_enabled() && (on_tape(q) || on_tape(k) || on_tape(v));
+  if (!backend(q.device()).runs_fused_attention(attention_params(q, k, v, opt), q.dtype(), backward))
     return attention_reference(q, k, v, opt);
   return flash_attention(q, k, v, opt).first;
 }
