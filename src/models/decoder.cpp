@@ -659,7 +659,8 @@ Tensor Decoder::forward_hidden(const Tensor& ids, const Tensor& positions, const
   const Tensor ple = per_layer_inputs(ids, x);
 
   const std::vector<Tensor> inv_freq = call_frequencies(positions);
-  // Gated DeltaNet layers see where sequences start (one read of the positions per call, shared by the layers).
+  // Gated DeltaNet layers see where sequences start: masks made once per call and shared by the layers (from a
+  // host read of the positions, except in one-token calls, which make theirs on the device).
   auto delta_masks = std::make_shared<DeltaNetMasks>();
   const int64_t conv_kernel = config_.linear_attention.conv_kernel;
   if (has_linear_attention_)

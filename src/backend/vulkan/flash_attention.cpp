@@ -226,7 +226,6 @@ bool flash_attention_runs(Context& ctx, const FlashAttentionParams& p, DType q_d
   return p.D <= 256 || tensor_core_family(ctx, p, q_dtype) == "rs" || (!backward && decode_fits(p));
 }
 
-
 std::string flash_kernel_family(Device d, const FlashAttentionParams& p, DType q_dtype) {
   const std::string family = tensor_core_family(context_for(d), p, q_dtype);
   return family.empty() ? "portable" : family == "rs" ? "coopmat" : "coopmat-shared";
