@@ -180,8 +180,8 @@ std::unique_ptr<PostProcessor> make_post_processor(const json& j, const Origin& 
     auto w = std::make_unique<Wrap>();
     auto id_of = [&](const char* key) {
       const json& pair = j.value(key, json());
-      if (!pair.is_array() || pair.size() != 2 || !pair[1].is_number_integer()) origin.at(key).fail("expected [token, id]");
-      return pair[1].get<int32_t>();
+      if (!pair.is_array() || pair.size() != 2) origin.at(key).fail("expected [token, id]");
+      return token_id(pair[1], origin.at(key), "[token, id]");
     };
     w->cls = id_of("cls");
     w->sep = id_of("sep");

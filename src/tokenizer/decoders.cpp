@@ -130,6 +130,15 @@ struct Sequence : Decoder {
   }
 };
 
+// A non-negative integer at `key` (0 when absent): a float such as 1.5e28 must not reach a size_t conversion.
+size_t count_at(const json& j, const char* key, const Origin& origin) {
+  if (!j.contains(key)) return 0;
+  const json& v = j[key];
+  if (!v.is_number_unsigned() && !(v.is_number_integer() && v.get<int64_t>() >= 0))
+    origin.at(key).fail("expected a non-negative integer, got " + v.dump());
+  return size_t(v.get<uint64_t>());
+}
+
 }  // namespace
 
 std::unique_ptr<Decoder> make_decoder(const json& j, const Origin& origin) {
@@ -142,8 +151,8 @@ std::unique_ptr<Decoder> make_decoder(const json& j, const Origin& origin) {
   if (type == "Strip") {
     auto s = std::make_unique<Strip>();
     s->content = j.value("content", std::string(" "));
-    s->start = j.value("start", size_t{0});
-    s->stop = j.value("stop", size_t{0});
+    s->start = count_at(j, "start", origin);
+    s->stop = count_at(j, "stop", origin);
     if (s->content.empty()) origin.at("content").fail("must not be empty");
     return s;
   }

@@ -68,6 +68,13 @@ TEST(TokenizerErrors, FieldsOfTheWrongTypeNameTheSection) {
       {R"("decoder": {"type": "ByteLevel", "trim_offsets": []})", "no error"},
       {R"("added_tokens": [{"id": 5, "content": "<x>", "special": "yes"}])",
        "bad.json: added_tokens[0]: a field has the wrong type"},
+      // Found by fuzz_tokenizer: a float where a count belongs was converted to size_t (undefined beyond its range).
+      {R"("decoder": {"type": "Strip", "content": " ", "start": 15555555555555555555555555555, "stop": 5})",
+       "decoder.start: expected a non-negative integer, got 1.5555555555555557e+28"},
+      {R"("decoder": {"type": "Strip", "content": " ", "stop": -2})",
+       "decoder.stop: expected a non-negative integer, got -2"},
+      {R"("post_processor": {"type": "BertProcessing", "cls": ["[CLS]", 3e9], "sep": ["[SEP]", 1]})",
+       "post_processor.cls: [token, id]: id 3000000000.0 is not an integer"},
   };
   for (const auto& [part, want] : cases) {
     const std::string e = error_of(std::string("{") + kTinyModel + ", " + part + "}");
