@@ -13,6 +13,9 @@
 // (the decoder's gate and up projections as one weight [2F, K], C [rows, F]) a subgroup takes weight rows n and
 // n + F and writes act(gate) * up, gate and up rounded to C's type first, as the product and the gated activation
 // (elementwise/gated_activation.comp) would compute them one after the other.
+// With FLAG_BY_ID (ops::matmul_by_id: a mixture of experts' products in decoding, routed on the device) W is a
+// stack of `matrices` weights `w_ms` elements apart and C row r (workgroup z) is A row r / a_div times the matrix
+// ids[r] names (clamped to the stack): one row per workgroup, no host round trip for the routing.
 #extension GL_KHR_shader_subgroup_basic : require
 #extension GL_KHR_shader_subgroup_arithmetic : require
 #include "common/common.glsl"
@@ -28,6 +31,7 @@ TENSOR(2, C)
 TENSOR(3, U)
 TENSOR(4, V)
 TENSOR(5, E)
+TENSOR(6, ID)
 
 layout(push_constant) uniform GemvParams {
   uint N, K, rows;
@@ -43,9 +47,10 @@ layout(push_constant) uniform GemvParams {
   float lr_alpha;
   uint e_off, e_rs;  // E's element offset and row stride (0: one row for all)
   uint act;          // FLAG_GATED: the gate's activation (UnaryOp code: 8 silu, 9 gelu_tanh, 10 gelu_erf)
+  uint w_ms, id_off, a_div, matrices;  // FLAG_BY_ID: W's matrix stride, ids' offset, C rows per A row, stack size
 } p;
 
-const uint FLAG_LOW_RANK = 1u, FLAG_ADDEND = 2u, FLAG_GATED = 4u;
+const uint FLAG_LOW_RANK = 1u, FLAG_ADDEND = 2u, FLAG_GATED = 4u, FLAG_BY_ID = 8u;
 
 layout(constant_id = 1) const uint COLS = 4u;    // columns per workgroup (without split-K)
 layout(constant_id = 2) const uint KSPLIT = 1u;  // 1, or the subgroups of a workgroup (4): they share one column
@@ -63,8 +68,8 @@ const uint MAXR = GEMV_ROWS, UNROLL = 4u;
 shared float partial[KSPLIT][MAXR];
 
 // Column wn's sums of every row, the low-rank terms and alpha included, met over the subgroup (with split-K over
-// the workgroup: then valid in subgroup 0).
-void column_sums(uint wn, uint sub, uint nr, out float acc[MAXR]) {
+// the workgroup: then valid in subgroup 0). W's matrix starts at w_base, A's first row at a_base.
+void column_sums(uint wn, uint sub, uint nr, uint w_base, uint a_base, out float acc[MAXR]) {
   const uint lane = gl_SubgroupInvocationID;
   const uint step = gl_SubgroupSize * 8u * KSPLIT;  // K between one invocation's consecutive loads
   const uint adt = p.dtypes & 15u, wdt = (p.dtypes >> 4) & 15u;
@@ -84,7 +89,7 @@ void column_sums(uint wn, uint sub, uint nr, out float acc[MAXR]) {
       u0[r] = U_ld(udt, p.u_off + r * p.u_rs + j0);
     }
   }
-  const uint wrow = p.w_off + wn * p.w_rs, arow = p.a_off;
+  const uint wrow = w_base + wn * p.w_rs, arow = a_base;
   for (uint k0 = (sub * gl_SubgroupSize + lane) * 8u; k0 < p.K; k0 += step * UNROLL) {
     vec4 lo[UNROLL], hi[UNROLL];
     [[unroll]] for (uint u = 0u; u < UNROLL; ++u) {  // the loads first: UNROLL x 16 bytes in flight
@@ -132,11 +137,16 @@ void column_sums(uint wn, uint sub, uint nr, out float acc[MAXR]) {
 float rounded(uint dt, float v) { return decode(dt, encode(dt, v)); }
 
 void main() {
-  const uint lane = gl_SubgroupInvocationID, nr = min(MAXR, p.rows);
+  const uint lane = gl_SubgroupInvocationID;
   const uint sub = KSPLIT > 1u ? gl_SubgroupID : 0u;  // this subgroup's share of K
   const uint cdt = (p.dtypes >> 8) & 15u, edt = (p.dtypes >> 20) & 15u;
   const bool gated = (p.flags & FLAG_GATED) != 0u, addend = (p.flags & FLAG_ADDEND) != 0u;
   const uint nout = gated ? p.N / 2u : p.N;  // C's columns
+  uint nr = min(MAXR, p.rows), w_base = p.w_off, a_base = p.a_off, c_base = p.c_off;
+  if ((p.flags & FLAG_BY_ID) != 0u) {
+    const uint r = gl_WorkGroupID.z, id = min(ID_w[p.id_off + r], p.matrices - 1u);  // a negative id clamps too
+    nr = 1u, w_base += id * p.w_ms, a_base += (r / p.a_div) * p.a_rs, c_base += r * nout;
+  }
   const uint cols = KSPLIT > 1u ? 1u : COLS;
   // Rows of at most 65535 workgroups in y (a vocabulary of 262144 takes 65536 workgroups of 4 columns).
   const uint group = gl_WorkGroupID.x + gl_WorkGroupID.y * gl_NumWorkGroups.x;
@@ -144,8 +154,8 @@ void main() {
   const uint n_first = group * cols + (KSPLIT > 1u ? 0u : gl_SubgroupID);
   for (uint n = n_first; n < n_end; n += KSPLIT > 1u ? 1u : gl_NumSubgroups) {
     float acc[MAXR], up[MAXR];
-    column_sums(n, sub, nr, acc);
-    if (gated) column_sums(n + nout, sub, nr, up);
+    column_sums(n, sub, nr, w_base, a_base, acc);
+    if (gated) column_sums(n + nout, sub, nr, w_base, a_base, up);
     if (KSPLIT > 1u && sub != 0u) continue;
     [[unroll]] for (uint r = 0u; r < MAXR; ++r) {
       if (r >= nr) break;
@@ -155,7 +165,7 @@ void main() {
         const float u = up[r] + (addend ? E_ld(edt, p.e_off + r * p.e_rs + n + nout) : 0.0);
         sum = unary_op(p.act, rounded(cdt, sum), 0.0) * rounded(cdt, u);
       }
-      if (lane == 0u) C_st(cdt, p.c_off + r * nout + n, sum);
+      if (lane == 0u) C_st(cdt, c_base + r * nout + n, sum);
     }
   }
 }

@@ -6,6 +6,7 @@
 #include <memory>
 
 #include "cli/commands.h"
+#include "io/hf_config.h"
 #include "models/init_model.h"
 
 namespace lmtune::cli {
@@ -18,8 +19,9 @@ void add_init_command(CLI::App& app, const std::string& device) {
     std::string preset, tokenizer, out, dtype;
   };
   auto args = std::make_shared<Args>();
-  cmd->add_option("--arch", args->init.arch, "model_type: llama, mistral, qwen2, qwen3, gemma2, gemma3_text "
-                                             "(default: the preset's model_type)");
+  std::string types;
+  for (const std::string& t : supported_model_types()) types += (types.empty() ? "" : ", ") + t;
+  cmd->add_option("--arch", args->init.arch, "model_type: " + types + " (default: the preset's model_type)");
   cmd->add_option("--config", args->preset, "preset YAML with config.json keys (configs/presets/*.yaml)")
       ->required()
       ->check(CLI::ExistingFile);

@@ -56,6 +56,7 @@ void export_adapter(const fs::path& model_dir, const AdapterSpec& spec, const fs
   if (spec.multiplier != 1)
     for (auto& [module, lw] : p.modules)
       for (float& v : lw.b) v *= spec.multiplier;
+  models::warn_unless_peft_reads(decoder.config().model_type, p);
   save_peft_adapter(p, out);
 }
 

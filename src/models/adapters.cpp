@@ -1,6 +1,8 @@
 // LoRA adapter placement and PEFT conversion.
 #include "models/adapters.h"
 
+#include <spdlog/spdlog.h>
+
 #include <algorithm>
 #include <cmath>
 #include <map>
@@ -277,6 +279,27 @@ PeftAdapter extract_peft(DecoderWeights& w, const std::string& name, int rank, d
   if (p.modules.empty()) throw ConfigError("no adapter named '" + name + "' is attached");
   p.target_modules.assign(kinds.begin(), kinds.end());
   return p;
+}
+
+std::vector<std::string> modules_peft_skips(const std::string& model_type, const PeftAdapter& adapter) {
+  std::vector<std::string> out;
+  if (model_type != "mixtral" && model_type != "qwen3_moe" && model_type != "qwen3_next") return out;
+  for (const auto& [module, lw] : adapter.modules) {
+    const std::string kind = module.substr(module.rfind('.') + 1);
+    if (kind == "gate_proj" || kind == "up_proj" || kind == "down_proj") out.push_back(module);
+  }
+  return out;
+}
+
+void warn_unless_peft_reads(const std::string& model_type, const PeftAdapter& adapter) {
+  const std::vector<std::string> skipped = modules_peft_skips(model_type, adapter);
+  if (skipped.empty()) return;
+  std::string some;
+  for (size_t i = 0; i < std::min<size_t>(skipped.size(), 3); ++i) some += (i ? ", " : "") + skipped[i];
+  spdlog::warn("PEFT adapter: {} adapted MLP module(s) ({}{}) will not load into peft 0.21 with transformers 5: on "
+               "{} models peft reads gate_proj / up_proj / down_proj as the experts' fused weights (lmtune and the "
+               "merged export are not affected)",
+               skipped.size(), some, skipped.size() > 3 ? ", ..." : "", model_type);
 }
 
 void remove_adapter(DecoderWeights& w, const std::string& name) {

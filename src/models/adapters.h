@@ -55,6 +55,13 @@ void attach_peft(DecoderWeights& weights, const PeftAdapter& adapter, const std:
 PeftAdapter extract_peft(DecoderWeights& weights, const std::string& name, int rank, double alpha, bool rslora,
                          double dropout, const std::string& base_model);
 
+// The modules of `adapter` that peft (0.21, under transformers 5) leaves out on a model of `model_type`: on the
+// types whose experts transformers 5 fused (mixtral, qwen3_moe, qwen3_next) peft reads gate_proj / up_proj /
+// down_proj in target_modules as the experts' fused parameters, so LoRA on a shared expert's or a dense layer's
+// MLP does not load there (docs/models.md). warn_unless_peft_reads logs them (spdlog) when there are any.
+std::vector<std::string> modules_peft_skips(const std::string& model_type, const PeftAdapter& adapter);
+void warn_unless_peft_reads(const std::string& model_type, const PeftAdapter& adapter);
+
 // Removes adapter `name` from every linear.
 void remove_adapter(DecoderWeights& weights, const std::string& name);
 

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <string>
 
+#include "core/autodiff.h"
 #include "core/error.h"
 #include "core/ops/gather_rows.h"
 #include "core/ops/grouped_matmul.h"
@@ -84,6 +85,15 @@ Tensor experts_product(const Tensor& rows, const Tensor& w, const std::vector<Ex
   return y;
 }
 
+// Few tokens, no gradient, no adapter on the experts: each (token, choice) row's products by the chosen expert's
+// id on the device (ops::matmul_by_id), so decoding never waits for the routing to reach the host.
+constexpr int64_t kRoutedOnDeviceMaxTokens = 8;
+
+bool routes_on_device(const MoeWeights& w, const Tensor& x) {
+  if (x.dim(0) > kRoutedOnDeviceMaxTokens || !w.gate_up_adapters.empty() || !w.down_adapters.empty()) return false;
+  return !grad_enabled() || !(on_tape(x) || on_tape(w.gate_up) || on_tape(w.down));
+}
+
 }  // namespace
 
 Tensor merged_expert_weight(const Tensor& w, const std::vector<ExpertAdapter>& adapters) {
@@ -111,6 +121,12 @@ Tensor moe_mlp(const MoeWeights& w, const Tensor& h, const ModelConfig& config, 
     weights = ops::mul(weights, ops::reshape(ops::embedding(table, chosen), {N, k}));
   }
   weights = ops::cast(weights, h.dtype());
+  if (routes_on_device(w, x)) {
+    const Tensor ids = ops::reshape(chosen, {N * k});
+    const Tensor a = ops::matmul_by_id(x, w.gate_up, ids, k, act);  // [N k, I]
+    const Tensor rows = ops::reshape(ops::matmul_by_id(a, w.down, ids, 1), {N, k, C});
+    return ops::reshape(ops::sum(ops::mul(rows, ops::reshape(weights, {N, k, 1})), {1}), h.shape());
+  }
   const ExpertRouting r = route_tokens(chosen.to_ints(), N, k, E);
 
   const AdapterRows reach{row_adapters, &r.token_of_row, h.ndim() == 3 ? h.dim(1) : 1};

@@ -147,6 +147,7 @@ fs::path write_output(const Recipe& r, TrainableModel& tm) {
   const fs::path out = save / "adapter";
   PeftAdapter p = models::extract_peft(tm.decoder->weights(), "default", tm.lora_rank, tm.lora_alpha, tm.lora_rslora,
                                        r.lora.dropout, fs::absolute(r.model).lexically_normal().string());
+  models::warn_unless_peft_reads(tm.decoder->config().model_type, p);
   save_peft_adapter(p, out);
   return out;
 }

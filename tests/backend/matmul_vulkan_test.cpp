@@ -516,6 +516,28 @@ TEST_F(VulkanMatmul, GemvGatedDispatches) {
   }
 }
 
+// A mixture of experts' decode products routed on the device (ops::matmul_by_id): the gated gate_up and the down
+// product are one matmul_gemv dispatch each, nothing else (no read-back of the ids, no product per row). The
+// values are checked in OpTest.MatmulByIdForward.
+TEST_F(VulkanMatmul, MatmulByIdDispatches) {
+  vk::Context& ctx = vk::context_for(dev_);
+  if (!ctx.features().subgroup_arithmetic) GTEST_SKIP() << "no subgroup arithmetic";
+  if (!ctx.features().timestamps) GTEST_SKIP() << "no timestamps to count dispatches by";
+  const int64_t E = 16, C = 136, I = 40, k = 4;
+  Tensor x = Tensor::randn({2, C}, 61, 1.0f, DType::bf16, dev_);
+  Tensor gate_up = Tensor::randn({E, 2 * I, C}, 62, 1.0f, DType::bf16, dev_);
+  Tensor down = Tensor::randn({E, C, I}, 63, 1.0f, DType::bf16, dev_);
+  const Tensor ids = Tensor::from_ints({3, 15, 0, 7, 7, 2, 9, 3}, {2 * k}, dev_);
+  Tensor y;
+  const DispatchCount c = count_dispatches(ctx, "matmul_gemv", [&] {
+    const Tensor a = ops::matmul_by_id(x, gate_up, ids, k, ops::GateActivation::silu);
+    y = ops::matmul_by_id(a, down, ids, 1);
+  });
+  EXPECT_EQ(c.matching, 2u) << c.report;
+  EXPECT_EQ(c.all, 2u) << c.report;
+  EXPECT_EQ(y.shape(), (Shape{2 * k, C}));
+}
+
 // The experts' products of a mixture-of-experts layer (ops::grouped_matmul) on a device with cooperative matrices 2:
 // one dispatch of matmul_cm2_grouped for every group, whatever their sizes (empty, one row, several row tiles with
 // a partial last one), several column tiles with a partial last one, K past the unrolled steps with a partial

@@ -149,5 +149,47 @@ TEST(QLoRALinear, LoadWeightsQuantizesTheGatedDeltaNetHybrid) {
   }
 }
 
+// Gemma 4: a random tiny-gemma4 model with the 26B-A4B block added loads with its projections quantized (the
+// shared layers' q and o, double-wide MLPs, the per-layer-input gate, the dense MLP beside the experts) and
+// computes what the model with the dequantized weights computes; the experts stay in the weight dtype.
+TEST(QLoRALinear, LoadWeightsQuantizesGemma4) {
+  const std::filesystem::path dir = std::filesystem::path(LMTUNE_BINARY_DIR) / "test_models_tmp";
+  std::filesystem::create_directories(dir);
+  std::ifstream preset(std::filesystem::path(LMTUNE_SOURCE_DIR) / "configs" / "presets" / "tiny-gemma4.yaml");
+  std::ofstream(dir / "qlora_gemma4.yaml") << preset.rdbuf()
+                                           << "\nvocab_size: 96\nenable_moe_block: true\nnum_experts: 4\n"
+                                              "top_k_experts: 2\nmoe_intermediate_size: 32\n";
+  InitOptions o;
+  o.preset = dir / "qlora_gemma4.yaml";
+  o.out = dir / "qlora_gemma4";
+  o.seed = 6;
+  o.overwrite = true;
+  init_model_dir(o);
+  for (const std::string& dev : test_devices()) {
+    SCOPED_TRACE(dev);
+    const Device d = parse_device(dev);
+    Decoder dense = load_decoder(o.out, DType::f32, DType::f32, d);
+    Decoder quant = load_decoder(o.out, DType::f32, DType::f32, d, quant::Format::q8_0);
+    size_t experts = 0;
+    for (const LayerWeights& l : quant.weights().layers) experts += l.moe.gate_up.defined();
+    EXPECT_EQ(experts, 6u);
+    const std::vector<Linear*> ql = quant.weights().linears(), dl = dense.weights().linears();
+    ASSERT_EQ(dl.size(), ql.size());
+    size_t quantized = 0;
+    for (size_t i = 0; i < ql.size(); ++i) {
+      if (!ql[i]->qweight.defined()) continue;
+      EXPECT_FALSE(ql[i]->weight.defined()) << "linear " << i;
+      dl[i]->weight = quant::dequantize(ql[i]->qweight, DType::f32);
+      ++quantized;
+    }
+    EXPECT_GT(quantized, ql.size() / 2);
+    const Tensor ids = Tensor::from_ints({5, 9, 17, 33, 41, 2, 7, 11, 3, 60, 61, 62}, {2, 6}, d);
+    const Tensor pos = default_positions(2, 6, d);
+    NoGrad no_grad;
+    const std::vector<float> want = dense.forward(ids, pos).to_floats(), got = quant.forward(ids, pos).to_floats();
+    EXPECT_LT(rel_err(got, want), 1e-5);
+  }
+}
+
 }  // namespace
 }  // namespace lmtune::models::test

@@ -1,5 +1,8 @@
 // Products by groups of rows (the experts of a mixture-of-experts layer): forward and gradients against double
 // references on every device, odd sizes, empty groups, all float dtypes.
+#include <cmath>
+#include <optional>
+
 #include "core/autodiff.h"
 #include "core/error.h"
 #include "core/ops/grouped_matmul.h"
@@ -86,6 +89,67 @@ TEST_P(OpTest, GroupedMatmulRefusesBadArguments) {
   EXPECT_THROW(ops::grouped_matmul(x, w, {0, 2, 3}, true), ShapeError);     // offsets end before the rows
   EXPECT_THROW(ops::grouped_matmul(x, w, {0, 3, 2, 4}, true), ShapeError);  // one offset too many, falling
   EXPECT_THROW(ops::grouped_matmul(x, w, {0, 2, 4}, false), ShapeError);    // K = 3 is not P = 5
+}
+
+// Row r = x[r / x_div] W[ids[r]]ᵀ, or act(gate) * up of its halves: the products of a mixture of experts routed on
+// the device. K = 24 and 136 are the sizes the one-dispatch Vulkan kernel takes (multiples of 8), K = 21 the
+// fallback's; ids repeat, and cover the first and last matrix.
+ref::Array by_id_ref(const ref::Array& x, const ref::Array& w, const std::vector<int32_t>& ids, int64_t x_div,
+                     std::optional<ops::GateActivation> act) {
+  const int64_t P = w.shape[1], K = w.shape[2], R = int64_t(ids.size()), cols = act ? P / 2 : P;
+  auto product = [&](int64_t r, int64_t c) {
+    double s = 0;
+    for (int64_t k = 0; k < K; ++k) s += x[(r / x_div) * K + k] * w[int64_t(ids[size_t(r)]) * P * K + c * K + k];
+    return s;
+  };
+  ref::Array y(Shape{R, cols});
+  for (int64_t r = 0; r < R; ++r)
+    for (int64_t c = 0; c < cols; ++c) {
+      if (!act) {
+        y[r * cols + c] = product(r, c);
+        continue;
+      }
+      const double g = product(r, c), u = product(r, c + cols);
+      const double a = *act == ops::GateActivation::silu
+                           ? g / (1 + std::exp(-g))
+                           : 0.5 * g * (1 + std::tanh(0.7978845608028654 * (g + 0.044715 * g * g * g)));
+      y[r * cols + c] = a * u;
+    }
+  return y;
+}
+
+TEST_P(OpTest, MatmulByIdForward) {
+  struct Case {
+    int64_t X, x_div, E, P, K;
+  };
+  for (const Case& c : {Case{1, 4, 6, 40, 24}, Case{3, 2, 5, 18, 136}, Case{2, 1, 3, 10, 21}, Case{5, 3, 9, 64, 32}})
+    for (std::optional<ops::GateActivation> act :
+         {std::optional<ops::GateActivation>(), std::optional(ops::GateActivation::silu),
+          std::optional(ops::GateActivation::gelu_tanh)})
+      for (DType dt : float_dtypes()) {
+        LMTUNE_CASE("x [" << c.X << ", " << c.K << "] x_div " << c.x_div << " w [" << c.E << ", " << c.P << ", "
+                          << c.K << "] " << (act ? "gated " : "") << dtype_name(dt));
+        const int64_t R = c.X * c.x_div;
+        std::vector<int32_t> ids(static_cast<size_t>(R));
+        for (int64_t r = 0; r < R; ++r) ids[size_t(r)] = int32_t((r * 7 + r / 2) % c.E);
+        ids.front() = 0, ids.back() = int32_t(c.E - 1);
+        Tensor x = make_input({c.X, c.K}, dt, dev(), 21), w = make_input({c.E, c.P, c.K}, dt, dev(), 22);
+        Tensor y = ops::matmul_by_id(x, w, Tensor::from_ints(ids, {R}, dev()), c.x_div, act);
+        EXPECT_EQ(y.shape(), (Shape{R, act ? c.P / 2 : c.P}));
+        EXPECT_EQ(y.dtype(), dt);
+        EXPECT_TRUE(close(y, by_id_ref(ref::of(x), ref::of(w), ids, c.x_div, act), dt));
+      }
+}
+
+TEST_P(OpTest, MatmulByIdRefusesBadArguments) {
+  Tensor x = make_input({2, 8}, DType::f32, dev(), 41), w = make_input({3, 6, 8}, DType::f32, dev(), 42);
+  const Tensor ids = Tensor::from_ints({0, 1, 2, 0}, {4}, dev());
+  EXPECT_THROW(ops::matmul_by_id(x, w, ids, 1), ShapeError);  // 4 ids for 2 rows of x
+  EXPECT_THROW(ops::matmul_by_id(x, make_input({3, 6, 7}, DType::f32, dev(), 43), ids, 2), ShapeError);  // K
+  EXPECT_THROW(ops::matmul_by_id(x, make_input({3, 5, 8}, DType::f32, dev(), 44), ids, 2, ops::GateActivation::silu),
+               ShapeError);  // P odd with a gate
+  EXPECT_THROW(ops::matmul_by_id(x, w, make_input({4}, DType::f32, dev(), 45), 2), ShapeError);  // float ids
+  EXPECT_NO_THROW(ops::matmul_by_id(x, w, ids, 2));
 }
 
 }  // namespace

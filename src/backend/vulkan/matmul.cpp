@@ -3,6 +3,7 @@
 #include "backend/vulkan/matmul.h"
 
 #include <algorithm>
+#include <optional>
 
 #include "backend/vulkan/dispatch.h"
 #include "backend/vulkan/matmul_cm2.h"
@@ -168,9 +169,10 @@ struct GemvParams {
   uint32_t flags, R, u_off, u_rs, v_off, v_rs;
   float lr_alpha;
   uint32_t e_off, e_rs, act;
+  uint32_t w_ms, id_off, a_div, matrices;
 };
-static_assert(sizeof(GemvParams) == 20 * 4);
-constexpr uint32_t kGemvLowRank = 1, kGemvAddend = 2, kGemvGated = 4;
+static_assert(sizeof(GemvParams) == 24 * 4);
+constexpr uint32_t kGemvLowRank = 1, kGemvAddend = 2, kGemvGated = 4, kGemvById = 8;
 // Split-K below this many columns, from this K on (matmul_gemv.comp).
 constexpr uint64_t kGemvSplitBelowN = 256, kGemvSplitFromK = 256;
 
@@ -210,12 +212,44 @@ void record_gemv(Context& ctx, const MatmulPlan& plan, const Tensor& a, const Te
   const bool split_k = plan.N < kGemvSplitBelowN && plan.K >= kGemvSplitFromK;
   const uint32_t cols = split_k ? 1 : ctx.properties().deviceType == VK_PHYSICAL_DEVICE_TYPE_CPU ? 64 : 4;
   // The workgroups in rows of at most 65535 (the kernel reads its index from x and y). Without the terms,
-  // bindings 3, 4 and 5 (U, V, E) see A, B and A again.
+  // bindings 3, 4, 5 and 6 (U, V, E, ids) see A, B, A and A again.
   const uint64_t groups = (columns + cols - 1) / cols, row = std::min<uint64_t>(groups, 65535);
   ctx.dispatch(plan.kernel,
-               {in(a), in(b), out(c), in(lr ? *lr->u : a), in(lr ? *lr->v : b), in(addend ? *addend : a)}, p,
-               Groups{uint32_t(row), uint32_t((groups + row - 1) / row), 1},
+               {in(a), in(b), out(c), in(lr ? *lr->u : a), in(lr ? *lr->v : b), in(addend ? *addend : a), in(a)},
+               p, Groups{uint32_t(row), uint32_t((groups + row - 1) / row), 1},
                {4 * std::max<uint32_t>(ctx.features().subgroup_size, 1), cols, split_k ? 4u : 1u});
+}
+
+// C row r = A row r / a_div times W[ids[r]]ᵀ of a stacked weight W [E, P, K] (with `act`, act(gate) * up of the
+// halves) on matmul_gemv_r1, a workgroup row per C row; false, recording nothing, where that kernel cannot read
+// the operands (no subgroup arithmetic, or K, strides and offsets not multiples of 8).
+bool record_gemv_by_id(const Tensor& a, const Tensor& w, const Tensor& ids, int64_t a_div,
+                       const std::optional<UnaryOp>& act, Tensor& c) {
+  Context& ctx = context_for(c.device());
+  const int64_t E = w.dim(0), P = w.dim(1), K = w.dim(2), R = ids.dim(0);
+  auto eights = [](int64_t v) { return v % 8 == 0; };
+  if (!ctx.features().subgroup_arithmetic || R == 0 || R > 65535 || K == 0 || !eights(K) ||
+      !eights(a.offset()) || !eights(a.strides()[0]) || !eights(w.offset()) || a.strides()[1] != 1 ||
+      c.strides()[1] != 1)
+    return false;
+  GemvParams p{};
+  p.N = uint32_t(P), p.K = uint32_t(K), p.rows = 1;
+  p.a_off = uint32_t(a.offset()), p.a_rs = uint32_t(a.strides()[0]);
+  p.w_off = uint32_t(w.offset()), p.w_rs = uint32_t(K);
+  p.c_off = uint32_t(c.offset());
+  p.dtypes = dtype_code(a.dtype()) | dtype_code(w.dtype()) << 4 | dtype_code(c.dtype()) << 8;
+  p.alpha = 1.0f;
+  p.flags = kGemvById | (act ? kGemvGated : 0u);
+  p.act = act ? uint32_t(*act) : 0u;
+  p.w_ms = uint32_t(P * K), p.id_off = uint32_t(ids.offset()), p.a_div = uint32_t(a_div);
+  p.matrices = uint32_t(E);
+  const uint64_t columns = act ? P / 2 : P;
+  const uint32_t cols = ctx.properties().deviceType == VK_PHYSICAL_DEVICE_TYPE_CPU ? 64 : 4;
+  const uint64_t groups = (columns + cols - 1) / cols, row = std::min<uint64_t>(groups, 65535);
+  ctx.dispatch(variant(ctx, "matmul_gemv_r1"), {in(a), in(w), out(c), in(a), in(w), in(a), in(ids)}, p,
+               Groups{uint32_t(row), uint32_t((groups + row - 1) / row), uint32_t(R)},
+               {4 * std::max<uint32_t>(ctx.features().subgroup_size, 1), cols, 1u});
+  return true;
 }
 
 // C = A B (+ U V) + E on matmul_gemv, where its plan takes the product and E's rows have unit stride; false,
@@ -323,6 +357,13 @@ void GroupedMatmul::eval_vulkan(const std::vector<Tensor>& in, std::vector<Tenso
   const std::string kernel = vk::cm2_grouped_kernel(ctx, in[0], in[1], out[0], transposed);
   if (kernel.empty()) return forward(in, out);
   vk::record_cm2_grouped(ctx, kernel, in[0], in[1], offsets, out[0]);
+}
+
+// One matmul_gemv dispatch, routed by the ids on the device, where it can read the operands; else the ids read
+// back and a product per row.
+void MatmulById::eval_vulkan(const std::vector<Tensor>& in, std::vector<Tensor>& out) {
+  if (vk::record_gemv_by_id(in[0], in[1], in[2], x_div, act, out[0])) return;
+  forward(in, out);
 }
 
 void GroupedOuter::eval_vulkan(const std::vector<Tensor>& in, std::vector<Tensor>& out) {

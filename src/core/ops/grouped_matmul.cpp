@@ -1,6 +1,7 @@
 // Products over groups of rows (see grouped_matmul.h).
 #include "core/ops/grouped_matmul.h"
 
+#include <algorithm>
 #include <string>
 
 #include "core/autodiff.h"
@@ -95,7 +96,41 @@ void GroupedOuter::forward(const std::vector<Tensor>& in, std::vector<Tensor>& o
   }
 }
 
+// Each row's product on its own, the ids read back (the CPU, and Vulkan devices the one-dispatch kernel does not
+// take).
+void MatmulById::forward(const std::vector<Tensor>& in, std::vector<Tensor>& out) {
+  const Tensor &x = in[0], &w = in[1];
+  const std::vector<int32_t> ids = in[2].to_ints();
+  const int64_t E = w.dim(0), P = w.dim(1), R = int64_t(ids.size());
+  NoGrad no_grad;  // the products are temporaries of this evaluation
+  Tensor y = act ? Tensor::empty({R, P}, out[0].dtype(), x.device()) : out[0];
+  Matmul matmul;
+  for (int64_t r = 0; r < R; ++r) {
+    const int64_t id = std::clamp<int64_t>(ids[size_t(r)], 0, E - 1);  // as the kernel: clamped to the stack
+    const std::vector<Tensor> operands{row_block(x, r / x_div, 1), matrix(w, id, true)};
+    std::vector<Tensor> product{row_block(y, r, 1)};
+    eval_on(x.device(), matmul, operands, product);
+  }
+  if (!act) return;
+  GatedActivation gated(*act);
+  eval_on(x.device(), gated, {ops::slice(y, 1, 0, P / 2), ops::slice(y, 1, P / 2, P)}, out);
+}
+
 namespace ops {
+
+Tensor matmul_by_id(const Tensor& x, const Tensor& w, const Tensor& ids, int64_t x_div,
+                    std::optional<GateActivation> act) {
+  if (x.ndim() != 2 || w.ndim() != 3 || !is_float(x.dtype()) || !is_float(w.dtype()) || x.dim(1) != w.dim(2) ||
+      ids.ndim() != 1 || ids.dtype() != DType::i32 || x_div < 1 || ids.dim(0) != x.dim(0) * x_div ||
+      (act && w.dim(1) % 2 != 0))
+    throw ShapeError("matmul_by_id: expected float x [X, K], w [E, P, K]" + std::string(act ? " (P even)" : "") +
+                     " and i32 ids [X x_div], got x " + to_string(x.shape()) + ", w " + to_string(w.shape()) +
+                     ", ids " + to_string(ids.shape()) + " " + std::string(dtype_name(ids.dtype())) + ", x_div " +
+                     std::to_string(x_div));
+  const int64_t R = ids.dim(0), cols = act ? w.dim(1) / 2 : w.dim(1);
+  return apply1(std::make_shared<MatmulById>(x_div, act ? std::optional(gate_unary_op(*act)) : std::nullopt),
+                {contiguous(x), contiguous(w), contiguous(ids)}, {{R, cols}, x.dtype()});
+}
 
 Tensor grouped_matmul(const Tensor& x, const Tensor& w, const std::vector<int64_t>& offsets, bool transposed) {
   if (x.ndim() != 2 || w.ndim() != 3 || !is_float(x.dtype()) || !is_float(w.dtype()) ||

@@ -5,8 +5,11 @@
 // zero-filled gradient of all the rows).
 #pragma once
 #include <cstdint>
+#include <optional>
 #include <vector>
 
+#include "core/ops.h"
+#include "core/ops/elementwise.h"
 #include "core/primitive.h"
 
 namespace lmtune {
@@ -46,7 +49,32 @@ class GroupedOuter final : public Primitive {
   void forward(const std::vector<Tensor>& in, std::vector<Tensor>& out);
 };
 
+// Inputs: x [X, K], w [E, P, K] (stacked linear weights), ids [R] int32 (on the device). Output [R, P], or with a
+// gate activation [R, P / 2] = act(y[:, :P / 2]) * y[:, P / 2:] (gate and up rounded to the output's dtype
+// first): row r is x[r / x_div] W[ids[r]]ᵀ. A mixture of experts' products in decoding, routed without reading the
+// ids back: on Vulkan devices with subgroup arithmetic one matmul_gemv dispatch (a workgroup per row); elsewhere
+// the ids are read back and each row is a product of its own. Inference only (no gradient).
+class MatmulById final : public Primitive {
+ public:
+  MatmulById(int64_t x_div, std::optional<UnaryOp> act) : x_div(x_div), act(act) {}
+  const char* name() const override { return "matmul_by_id"; }
+  void eval_cpu(const std::vector<Tensor>& in, std::vector<Tensor>& out) override { forward(in, out); }
+  void eval_vulkan(const std::vector<Tensor>& in, std::vector<Tensor>& out) override;
+
+  const int64_t x_div;
+  const std::optional<UnaryOp> act;
+
+ private:
+  void forward(const std::vector<Tensor>& in, std::vector<Tensor>& out);
+};
+
 namespace ops {
+
+// Row r of the result is x [X, K] row r / x_div times W[ids[r]]ᵀ of the stacked weight w [E, P, K] (ids [R] int32,
+// R = X x_div, every id below E); with `act`, act(gate) * up of those products' halves ([R, P / 2]). Output in x's
+// dtype, f32 sums. Not differentiable: for decoding.
+Tensor matmul_by_id(const Tensor& x, const Tensor& w, const Tensor& ids, int64_t x_div,
+                    std::optional<GateActivation> act = std::nullopt);
 
 // x [R, K] times the matrices of w [G, P, Q] by groups of rows (offsets: G + 1 ascending row offsets from 0 to R):
 // transposed, rows of group g times W_gᵀ ([R, P], the layout of stacked linear weights); else times W_g ([R, Q]).
