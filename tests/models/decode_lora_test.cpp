@@ -253,7 +253,7 @@ std::vector<std::tuple<std::string, std::string>> decode_cases() {
   for (const std::string& dev : test::test_devices())
     for (const char* a :
          {"llama3", "mistral", "qwen2", "qwen3", "gemma2", "gemma3_text", "llama_yarn", "gemma4_text", "qwen3_next",
-          "qwen3_5_moe"})
+          "qwen3_5_moe", "mixtral", "qwen3_moe", "gemma4_moe"})
       out.emplace_back(a, dev);
   return out;
 }
