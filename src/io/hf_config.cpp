@@ -319,7 +319,15 @@ const ModelDefaults& find_model(const Scope& top, const std::string& model_type)
 // top-k always renormalized.
 void parse_moe(const Scope& s, ModelConfig& c, const std::string& type) {
   const bool mixtral = type == "mixtral", next = type == "qwen3_next", q35 = type == "qwen3_5_moe_text";
+  // transformers 5 saves Qwen3-MoE's count as num_local_experts (its attribute map): either key, not two counts.
   const char* experts_key = mixtral ? "num_local_experts" : "num_experts";
+  const char* alias = mixtral ? "num_experts" : "num_local_experts";
+  if (!s.has(experts_key) && s.has(alias)) {
+    experts_key = alias;
+  } else if (s.has(experts_key) && s.has(alias) && s.opt_int(experts_key) != s.opt_int(alias)) {
+    s.fail(alias, "gives " + std::to_string(s.opt_int(alias).value_or(0)) + " experts, but " + experts_key +
+                      " gives " + std::to_string(s.opt_int(experts_key).value_or(0)));
+  }
   if (next && s.opt_int(experts_key).value_or(512) == 0) return;  // Qwen3NextConfig: 0 experts = dense layers
   c.num_experts = s.positive_int(experts_key, mixtral ? 8 : next ? 512 : q35 ? 256 : 128, 4096);
   c.experts_per_token = s.positive_int("num_experts_per_tok", mixtral ? 2 : next ? 10 : 8, 4096);

@@ -276,6 +276,13 @@ TEST(HfConfig, Qwen3MoeExpertsAndDenseLayers) {
   EXPECT_EQ(c.moe_intermediate_size, 768);
   EXPECT_FALSE(c.norm_topk_prob);
   EXPECT_EQ(c.head_dim, 2048 / 32);
+  // transformers 5 saves the count as num_local_experts (Qwen3MoeConfig's attribute map); two counts must agree.
+  c = parse_model_config(R"({"model_type": "qwen3_moe", "num_local_experts": 16, "num_experts_per_tok": 4})");
+  EXPECT_EQ(c.num_experts, 16);
+  c = parse_model_config(R"({"model_type": "qwen3_moe", "num_local_experts": 16, "num_experts": 16})");
+  EXPECT_EQ(c.num_experts, 16);
+  const std::string msg = config_error(R"({"model_type": "qwen3_moe", "num_local_experts": 16, "num_experts": 8})");
+  EXPECT_NE(msg.find("key 'num_local_experts': gives 16 experts, but num_experts gives 8"), std::string::npos) << msg;
 }
 
 TEST(HfConfig, MixtralAlwaysRenormalizesAndRefusesJitter) {
