@@ -1,6 +1,7 @@
 // Linear layer with LoRA adapters (see linear.h).
 #include "models/linear.h"
 
+#include <algorithm>
 #include <cmath>
 #include <initializer_list>
 #include <string>
@@ -9,6 +10,7 @@
 #include "core/error.h"
 #include "core/ops.h"
 #include "core/ops/matmul_add.h"
+#include "core/ops/grouped_matmul.h"
 #include "core/ops/matmul_gated.h"
 #include "core/ops/quant_matmul.h"
 #include "core/ops/view.h"
@@ -159,8 +161,70 @@ Tensor Linear::operator()(const Tensor& x) const {
   return y;
 }
 
+const Linear::AdapterStack& Linear::adapter_stack() const {
+  bool same = stack_ && stack_->sources.size() == 2 * adapters.size();
+  for (size_t i = 0; same && i < adapters.size(); ++i)
+    same = stack_->sources[2 * i].impl() == adapters[i].A.impl() &&
+           stack_->sources[2 * i + 1].impl() == adapters[i].B.impl() && stack_->scales[i] == adapters[i].scale;
+  if (same) return *stack_;
+  NoGrad no_grad;
+  auto st = std::make_shared<AdapterStack>();
+  int64_t rank = 0;
+  for (const LoraAdapter& a : adapters) rank = std::max(rank, a.A.dim(0));
+  rank = (rank + 7) / 8 * 8;
+  const int64_t S = int64_t(adapters.size()) + 1;
+  st->a = Tensor::zeros({S, rank, in_features()}, DType::f32, device());
+  st->b = Tensor::zeros({S, out_features(), rank}, DType::f32, device());
+  for (size_t i = 0; i < adapters.size(); ++i) {
+    const LoraAdapter& a = adapters[i];
+    const int64_t r = a.A.dim(0), slot = int64_t(i);
+    copy_into(ops::reshape(ops::slice(ops::slice(st->a, 0, slot, slot + 1), 1, 0, r), {r, in_features()}),
+              ops::scale(ops::cast(a.A, DType::f32), a.scale));
+    copy_into(ops::reshape(ops::slice(ops::slice(st->b, 0, slot, slot + 1), 2, 0, r), {out_features(), r}),
+              ops::cast(a.B, DType::f32));
+    st->sources.insert(st->sources.end(), {a.A, a.B});
+    st->scales.push_back(a.scale);
+  }
+  stack_ = st;
+  return *stack_;
+}
+
+Tensor Linear::by_row_ids(const Tensor& x, const RowAdapters& rows) const {
+  const int64_t B = x.dim(0), per_row = x.numel() / std::max<int64_t>(B, 1) / in_features();
+  if (B * per_row > kByIdRows || adapters.empty() || !unrecorded({&x, &weight})) return Tensor();
+  // Each batch row's slot in the stack: its group's adapter, or the zero slot.
+  const int64_t none = int64_t(adapters.size());
+  std::vector<int32_t> slot_of_row(static_cast<size_t>(B), static_cast<int32_t>(none));
+  int64_t groups = 0;
+  bool covers_all = false;
+  for (const RowAdapters::Group& g : rows.groups) {
+    int64_t slot = none;
+    for (size_t i = 0; i < adapters.size(); ++i)
+      if (adapters[i].name == g.name) slot = int64_t(i);
+    if (slot == none || g.begin >= g.end) continue;
+    if (g.begin < 0 || g.end > B) return Tensor();  // operator() names the error
+    if (dropout_on(adapters[size_t(slot)]) || !unrecorded({&adapters[size_t(slot)].A, &adapters[size_t(slot)].B}))
+      return Tensor();
+    for (int64_t b = g.begin; b < g.end; ++b) slot_of_row[size_t(b)] = int32_t(slot);
+    ++groups;
+    covers_all = g.begin == 0 && g.end == B;
+  }
+  // No adapter here, or one for the whole batch: the base product or the fused one does better.
+  if (groups == 0 || (groups == 1 && covers_all)) return Tensor();
+  std::vector<int32_t> ids(static_cast<size_t>(B * per_row));
+  for (size_t i = 0; i < ids.size(); ++i) ids[i] = slot_of_row[i / size_t(per_row)];
+  const AdapterStack& st = adapter_stack();
+  const Tensor id = Tensor::from_ints(ids, {B * per_row}, x.device()), x2 = rows_of(x);
+  const Tensor down = ops::matmul_by_id(x2, st.a, id, 1, std::nullopt, DType::f32);  // s x Aᵀ [rows, R]
+  const Tensor delta = ops::matmul_by_id(down, st.b, id, 1, std::nullopt, x.dtype());
+  Shape out = x.shape();
+  out.back() = out_features();
+  return ops::add(base(x), ops::reshape(delta, out));
+}
+
 Tensor Linear::operator()(const Tensor& x, const RowAdapters* rows) const {
   if (!rows) return (*this)(x);
+  if (Tensor y = by_row_ids(x, *rows); y.defined()) return y;
   Tensor y = base(x);
   const int64_t B = x.dim(0);
   // The base product runs once over the whole batch; each group adds its low-rank delta to its own rows, and the

@@ -4,6 +4,7 @@
 // Serving batches requests that use different adapters: a RowAdapters then picks one adapter per batch row.
 #pragma once
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -87,6 +88,23 @@ class Linear {
   // the base product (ops::matmul_low_rank, ops::matmul_add; on Vulkan's decode gemv, two dispatches with an
   // adapter, one without), the adapter's f32 factors read as stored.
   Tensor fused(const Tensor& x, const LoraAdapter* a, const Tensor& residual) const;
+  // x Wᵀ + b + each row's own adapter's delta where `rows` mix adapters (serving) and nothing is recorded for
+  // autodiff, for at most kByIdRows rows: the deltas of every row at once, each row taking its adapter's factors
+  // from stacks of them by id (ops::matmul_by_id: two dispatches however many adapters); undefined elsewhere.
+  Tensor by_row_ids(const Tensor& x, const RowAdapters& rows) const;
+  static constexpr int64_t kByIdRows = 64;
+
+  // Every adapter's factors stacked for by_row_ids, slot i = adapters[i], the last slot zeros (rows without an
+  // adapter): A [S, R, in] with each scale folded in, B [S, out, R], R the largest rank rounded up to 8 (the
+  // products' 16-byte loads), zeros past each adapter's rank. Kept while the adapters hold the same tensors and
+  // scales (inference does not change their values).
+  struct AdapterStack {
+    std::vector<Tensor> sources;  // each adapter's A and B (held: their identity is the key)
+    std::vector<float> scales;
+    Tensor a, b;
+  };
+  const AdapterStack& adapter_stack() const;
+  mutable std::shared_ptr<const AdapterStack> stack_;
 };
 
 // Several Linears over one input as one product, for inference (models::fuse_projections): q, k and v, or gate

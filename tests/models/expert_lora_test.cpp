@@ -120,7 +120,9 @@ TEST_P(ExpertLora, RowAdaptersReachOnlyTheirRows) {
     return std::vector<float>(v.begin() + int64_t(from), v.begin() + int64_t(from + half));
   };
   EXPECT_LT(rel_err(part(mixed, 0), part(without, 0)), 1e-6);
-  EXPECT_LT(rel_err(part(mixed, half), part(with, half)), 1e-6);
+  // The attention adapters of a mixed batch take each row's factors by id (Linear::by_row_ids): f32 sums in
+  // another order than the whole batch's fused product.
+  EXPECT_LT(rel_err(part(mixed, half), part(with, half)), 1e-5);
   EXPECT_GT(rel_err(part(with, 0), part(without, 0)), 1e-3);  // the adapter does change row 0 when it applies
 }
 

@@ -119,17 +119,17 @@ void MatmulById::forward(const std::vector<Tensor>& in, std::vector<Tensor>& out
 namespace ops {
 
 Tensor matmul_by_id(const Tensor& x, const Tensor& w, const Tensor& ids, int64_t x_div,
-                    std::optional<GateActivation> act) {
+                    std::optional<GateActivation> act, std::optional<DType> out_dtype) {
   if (x.ndim() != 2 || w.ndim() != 3 || !is_float(x.dtype()) || !is_float(w.dtype()) || x.dim(1) != w.dim(2) ||
       ids.ndim() != 1 || ids.dtype() != DType::i32 || x_div < 1 || ids.dim(0) != x.dim(0) * x_div ||
-      (act && w.dim(1) % 2 != 0))
+      (act && w.dim(1) % 2 != 0) || (out_dtype && !is_float(*out_dtype)))
     throw ShapeError("matmul_by_id: expected float x [X, K], w [E, P, K]" + std::string(act ? " (P even)" : "") +
                      " and i32 ids [X x_div], got x " + to_string(x.shape()) + ", w " + to_string(w.shape()) +
                      ", ids " + to_string(ids.shape()) + " " + std::string(dtype_name(ids.dtype())) + ", x_div " +
                      std::to_string(x_div));
   const int64_t R = ids.dim(0), cols = act ? w.dim(1) / 2 : w.dim(1);
   return apply1(std::make_shared<MatmulById>(x_div, act ? std::optional(gate_unary_op(*act)) : std::nullopt),
-                {contiguous(x), contiguous(w), contiguous(ids)}, {{R, cols}, x.dtype()});
+                {contiguous(x), contiguous(w), contiguous(ids)}, {{R, cols}, out_dtype.value_or(x.dtype())});
 }
 
 Tensor grouped_matmul(const Tensor& x, const Tensor& w, const std::vector<int64_t>& offsets, bool transposed) {

@@ -71,10 +71,10 @@ class MatmulById final : public Primitive {
 namespace ops {
 
 // Row r of the result is x [X, K] row r / x_div times W[ids[r]]ᵀ of the stacked weight w [E, P, K] (ids [R] int32,
-// R = X x_div, every id below E); with `act`, act(gate) * up of those products' halves ([R, P / 2]). Output in x's
-// dtype, f32 sums. Not differentiable: for decoding.
+// R = X x_div, every id below E); with `act`, act(gate) * up of those products' halves ([R, P / 2]). Output in
+// out_dtype (default x's), f32 sums. Not differentiable: for decoding (experts, per-row LoRA adapters).
 Tensor matmul_by_id(const Tensor& x, const Tensor& w, const Tensor& ids, int64_t x_div,
-                    std::optional<GateActivation> act = std::nullopt);
+                    std::optional<GateActivation> act = std::nullopt, std::optional<DType> out_dtype = std::nullopt);
 
 // x [R, K] times the matrices of w [G, P, Q] by groups of rows (offsets: G + 1 ascending row offsets from 0 to R):
 // transposed, rows of group g times W_gᵀ ([R, P], the layout of stacked linear weights); else times W_g ([R, Q]).
