@@ -130,7 +130,10 @@ Tensor rope(const Tensor& x, const Tensor& positions, const Tensor& inv_freq, Ro
 // element's index: the same on every backend, and the backward pass recomputes it (core/ops/nn.cpp).
 Tensor dropout(const Tensor& x, float p, uint64_t key);
 // weight [V, C], ids i32 [...] -> [..., C]. The vjp scatter-adds into a [V, C] gradient.
-Tensor embedding(const Tensor& weight, const Tensor& ids);
+// ids are read back and checked against the vocabulary (a clear error), except `device_ids` on a GPU: ids the
+// device made and that are in range by construction (top-k's, argmax's), where a read-back would stall the queue
+// (the kernel gives a zero row for an id outside; the CPU checks them anyway, at no cost).
+Tensor embedding(const Tensor& weight, const Tensor& ids, bool device_ids = false);
 Tensor embedding_backward(const Tensor& grad, const Tensor& ids, int64_t vocab);       // scatter-add
 
 // ---- attention (core/ops/attention.cpp, core/ops/flash_attention.cpp) ----

@@ -118,7 +118,7 @@ Tensor moe_mlp(const MoeWeights& w, const Tensor& h, const ModelConfig& config, 
   Tensor weights = routing_weights(ops::softmax(logits, -1), k, config.norm_topk_prob, &chosen);
   if (w.per_expert_scale.defined()) {
     const Tensor table = ops::reshape(ops::cast(w.per_expert_scale, DType::f32), {E, 1});
-    weights = ops::mul(weights, ops::reshape(ops::embedding(table, chosen), {N, k}));
+    weights = ops::mul(weights, ops::reshape(ops::embedding(table, chosen, /*device_ids=*/true), {N, k}));
   }
   weights = ops::cast(weights, h.dtype());
   if (routes_on_device(w, x)) {

@@ -132,5 +132,24 @@ TEST_P(OpTest, EmbeddingAndBackward) {
   }
 }
 
+// Ids the device made (top-k's): no read-back on a GPU, where an id outside the vocabulary gives a zero row; the CPU
+// checks them as always.
+TEST_P(OpTest, EmbeddingOfDeviceIds) {
+  Tensor w = make_input({11, 33}, DType::f32, dev(), 78);
+  Tensor ids = Tensor::from_ints({3, 0, 10, 3}, {4}, dev());
+  EXPECT_TRUE(close(ops::embedding(w, ids, true), ref::embedding(ref::of(w), ref::ints_of(ids), {4}), 0.0));
+  Tensor bad = Tensor::from_ints({3, 11}, {2}, dev());
+  if (!dev().is_vulkan()) {
+    EXPECT_THROW(ops::embedding(w, bad, true), ShapeError);
+    return;
+  }
+  const std::vector<float> y = ops::embedding(w, bad, true).to_floats(), row3 = ops::embedding(w, ids).to_floats();
+  for (int64_t c = 0; c < 33; ++c) {
+    EXPECT_EQ(y[size_t(c)], row3[size_t(c)]) << c;
+    EXPECT_EQ(y[size_t(33 + c)], 0.0f) << c;
+  }
+  EXPECT_THROW(ops::embedding(w, bad), ShapeError);  // read back and checked without device_ids
+}
+
 }  // namespace
 }  // namespace lmtune::test

@@ -266,11 +266,16 @@ Tensor rope(const Tensor& x, const Tensor& positions, const Tensor& inv_freq, Ro
                 {x.shape(), x.dtype()});
 }
 
-Tensor embedding(const Tensor& weight, const Tensor& ids) {
+Tensor embedding(const Tensor& weight, const Tensor& ids, bool device_ids) {
   if (weight.ndim() != 2 || !is_float(weight.dtype()))
     throw ShapeError("embedding: weight must be a float [V, C] tensor, got " + to_string(weight.shape()) +
                      " (ids " + to_string(ids.shape()) + ")");
-  check_ids("embedding", ids, weight.dim(0));
+  if (device_ids && ids.device().is_vulkan()) {
+    if (ids.dtype() != DType::i32)
+      throw ShapeError("embedding: ids must be i32, got " + std::string(dtype_name(ids.dtype())));
+  } else {
+    check_ids("embedding", ids, weight.dim(0));
+  }
   Shape out = ids.shape();
   out.push_back(weight.dim(1));
   return apply1(std::make_shared<Embedding>(), {contiguous(weight), contiguous(ids)}, {out, weight.dtype()});
