@@ -51,8 +51,11 @@ struct Value {
   double as_double() const { return kind == Kind::Float ? f : static_cast<double>(kind == Kind::Bool ? b : i); }
   bool truthy() const;
   std::string str() const;   // Python str()
-  std::string repr() const;  // Python repr()
-  std::string to_json(int indent = -1, int depth = 0) const;  // Python json.dumps(ensure_ascii=False)
+  // Python repr() and json.dumps(ensure_ascii=False). A template can make a value hold itself ({% set ns.n = ns
+  // %}); past kMaxNesting levels these throw ConfigError instead of recursing without end.
+  std::string repr(int depth = 0) const;
+  std::string to_json(int indent = -1, int depth = 0) const;
+  static constexpr int kMaxNesting = 64;
 };
 
 // Insertion-ordered dict, like Python's.
@@ -68,6 +71,13 @@ struct Args {
   // Argument `index` or keyword `name`, else `fallback`.
   Value get(size_t index, const char* name, Value fallback = Value()) const;
 };
+
+// Throws ConfigError past Value::kMaxNesting levels (walks of values that may hold themselves).
+void check_nesting(int depth);
+// Before v is stored into the list or namespace `container` ({% set ns.a = v %}, list.append(v)): throws
+// ConfigError if v reaches that container or holds a function (a bound method or macro may hold any container).
+// Lists and namespaces are shared, so a cycle would never be freed.
+void check_storable(const Value& v, const void* container, int depth = 0);
 
 struct Node;  // parsed template (jinja_parser.cpp)
 

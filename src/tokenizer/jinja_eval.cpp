@@ -75,7 +75,8 @@ std::string title(const std::string& s) {
   return out;
 }
 
-bool equal(const Value& a, const Value& b) {
+bool equal(const Value& a, const Value& b, int depth = 0) {
+  check_nesting(depth);
   if (a.is_number() && b.is_number()) return a.as_double() == b.as_double();
   if (a.kind == Kind::Bool && b.is_number()) return a.as_double() == b.as_double();
   if (b.kind == Kind::Bool && a.is_number()) return a.as_double() == b.as_double();
@@ -86,15 +87,17 @@ bool equal(const Value& a, const Value& b) {
     case Kind::Bool: return a.b == b.b;
     case Kind::String: return a.s == b.s;
     case Kind::Array:
+      if (a.array == b.array) return true;  // the same list (Python compares identity first)
       if (a.array->size() != b.array->size()) return false;
       for (size_t k = 0; k < a.array->size(); ++k)
-        if (!equal((*a.array)[k], (*b.array)[k])) return false;
+        if (!equal((*a.array)[k], (*b.array)[k], depth + 1)) return false;
       return true;
     case Kind::Object:
+      if (a.object == b.object) return true;
       if (a.object->items.size() != b.object->items.size()) return false;
       for (auto& [k, v] : a.object->items) {
         Value* other = b.object->find(k);
-        if (!other || !equal(v, *other)) return false;
+        if (!other || !equal(v, *other, depth + 1)) return false;
       }
       return true;
     case Kind::Function: return a.function == b.function;
@@ -153,6 +156,7 @@ class Interpreter {
         if (!node.name.empty()) {  // {% set ns.attr = v %}
           Value target = lookup(node.targets[0]);
           if (!target.is_object()) fail(node, "cannot set attribute '" + node.name + "' on '" + node.targets[0] + "'");
+          check_storable(v, target.object.get());
           target.object->set(node.name, v);
         } else {
           assign(node, node.targets, v);
@@ -572,7 +576,13 @@ Value Interpreter::get_attribute(const Node& node, const Value& obj, const std::
   }
   if (obj.is_array()) {
     auto arr = obj.array;
-    if (name == "append") return method([arr](Args& a) { arr->push_back(a.get(0, "item")); return Value::none(); });
+    if (name == "append")
+      return method([arr](Args& a) {
+        Value item = a.get(0, "item");
+        check_storable(item, arr.get());
+        arr->push_back(std::move(item));
+        return Value::none();
+      });
     if (name == "pop") return method([arr](Args& a) { if (arr->empty()) throw ConfigError("chat template: pop from empty list"); int64_t k = a.get(0, "index", Value(static_cast<int64_t>(arr->size()) - 1)).i; if (k < 0) k += static_cast<int64_t>(arr->size()); Value v = (*arr)[k]; arr->erase(arr->begin() + k); return v; });
     return Value();
   }

@@ -3,6 +3,7 @@
 #include <charconv>
 #include <cmath>
 
+#include "core/error.h"
 #include "tokenizer/jinja.h"
 
 namespace lmtune::jinja {
@@ -69,6 +70,29 @@ bool Value::truthy() const {
   return false;
 }
 
+// Lists and objects are shared, so a template can make one hold itself: nesting has a limit.
+void check_nesting(int depth) {
+  if (depth > Value::kMaxNesting)
+    throw ConfigError("chat template: a value nests more than " + std::to_string(Value::kMaxNesting) +
+                      " levels deep (a list or namespace that holds itself?)");
+}
+
+void check_storable(const Value& v, const void* container, int depth) {
+  check_nesting(depth);
+  switch (v.kind) {
+    case Value::Kind::Function: throw ConfigError("chat template: a list or namespace cannot hold a function");
+    case Value::Kind::Array:
+      if (v.array.get() == container) throw ConfigError("chat template: a list cannot hold itself");
+      for (const Value& x : *v.array) check_storable(x, container, depth + 1);
+      return;
+    case Value::Kind::Object:
+      if (v.object.get() == container) throw ConfigError("chat template: a namespace cannot hold itself");
+      for (const auto& [k, x] : v.object->items) check_storable(x, container, depth + 1);
+      return;
+    default: return;
+  }
+}
+
 static std::string float_repr(double f) {
   if (std::isnan(f)) return "nan";
   if (std::isinf(f)) return f > 0 ? "inf" : "-inf";
@@ -91,7 +115,8 @@ std::string Value::str() const {
   }
 }
 
-std::string Value::repr() const {
+std::string Value::repr(int depth) const {
+  check_nesting(depth);
   switch (kind) {
     case Kind::String: {
       // Python prefers single quotes unless the string contains one and no double quote.
@@ -108,13 +133,13 @@ std::string Value::repr() const {
     }
     case Kind::Array: {
       std::string out = "[";
-      for (size_t k = 0; k < array->size(); ++k) out += (k ? ", " : "") + (*array)[k].repr();
+      for (size_t k = 0; k < array->size(); ++k) out += (k ? ", " : "") + (*array)[k].repr(depth + 1);
       return out + "]";
     }
     case Kind::Object: {
       std::string out = "{";
       for (size_t k = 0; k < object->items.size(); ++k)
-        out += (k ? ", " : "") + Value(object->items[k].first).repr() + ": " + object->items[k].second.repr();
+        out += (k ? ", " : "") + Value(object->items[k].first).repr() + ": " + object->items[k].second.repr(depth + 1);
       return out + "}";
     }
     case Kind::Function: return "<function>";
@@ -150,6 +175,7 @@ std::string Value::to_json(int indent, int depth) const {
   // Python json.dumps: separators (", ", ": ") without indent, ("," + newline, ": ") with it.
   auto newline = [&](int d) { return indent < 0 ? std::string() : "\n" + std::string(static_cast<size_t>(indent * d), ' '); };
   const char* item_sep = indent < 0 ? ", " : ",";
+  check_nesting(depth);
   std::string out;
   switch (kind) {
     case Kind::Undefined:

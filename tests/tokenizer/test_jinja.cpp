@@ -138,12 +138,21 @@ TEST(Jinja, HostileTemplatesHitLimits) {
       {"{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}",
        "loops ran more than 1,000,000 iterations"},
       {"{{ range(10**9) | length }}", "range() of more than 1,000,000 numbers"},
+      // Found by fuzz_chat_template (a stack overflow in repr): a namespace or list that would hold itself, which
+      // shared containers could never free.
+      {"{% set ns = namespace(n=0) %}{% set ns.n = ns %}{{ ns }}", "a namespace cannot hold itself"},
+      {"{% set l = [1] %}{% set _ = l.append([l]) %}", "a list cannot hold itself"},
+      {"{% set a = namespace(n=0) %}{% set b = namespace(n=a) %}{% set a.n = b %}", "a namespace cannot hold itself"},
+      {"{% set l = [] %}{% set _ = l.append(l.append) %}", "a list or namespace cannot hold a function"},
+      {"{% set l = [] %}{% set _ = l.append({'f': l.append}) %}", "a list or namespace cannot hold a function"},
   };
   for (const auto& [source, want] : cases) {
     const std::string e = error_of(source);
     EXPECT_NE(e.find(want), std::string::npos) << source.substr(0, 60) << ": " << e;
   }
-  // Deep but reasonable templates still render.
+  // A namespace holding another, and deep but reasonable templates, still render.
+  EXPECT_EQ(render("{% set a = namespace(n=1) %}{% set b = namespace(n=a) %}{% set b.m = [a, a] %}{{ b.m[1].n }}"),
+            "1");
   EXPECT_EQ(render("{{ " + repeat("(", 50) + "1" + repeat(")", 50) + " }}"), "1");
   EXPECT_EQ(render("{% macro f(n) %}{% if n > 0 %}{{ f(n - 1) }}{% endif %}{{ n }}{% endmacro %}{{ f(50) }}").size(),
             size_t(92));
