@@ -59,10 +59,7 @@ TEST_P(PeftLora, LogitsLossAndGradientsMatchPeft) {
 
   // The fixture's two rows of ids, each one document from position 0 (as the reference ran them).
   const Tensor ids = base.int_tensor("ids", device);
-  const int64_t B = ids.dim(0), T = ids.dim(1);
-  std::vector<int32_t> pos(size_t(B * T));
-  for (int64_t i = 0; i < B * T; ++i) pos[size_t(i)] = int32_t(i % T);
-  const Tensor out = model.forward(ids, Tensor::from_ints(pos, {B, T}, device), ForwardOptions{});
+  const Tensor out = model.forward(ids, default_positions(ids.dim(0), ids.dim(1), device), ForwardOptions{});
   const Tensor loss = mean_cross_entropy(out, base.int_tensor("targets", device));
   EXPECT_LT(rel_err(out.to_floats(), ref.floats("logits")), c.logits_tolerance);
   EXPECT_NEAR(loss.item(), ref.floats("loss")[0], 1e-5 * std::fabs(ref.floats("loss")[0]));

@@ -111,24 +111,31 @@ TEST(QLoRALinear, LoadWeightsQuantizesTheProjections) {
   }
 }
 
+// A random model (lmtune init) of configs/presets/<preset>.yaml with `extra` YAML keys appended, in the build tree.
+std::filesystem::path random_model(const std::string& preset, const std::string& extra, const std::string& name,
+                                   uint64_t seed) {
+  const std::filesystem::path dir = std::filesystem::path(LMTUNE_BINARY_DIR) / "test_models_tmp";
+  std::filesystem::create_directories(dir);
+  std::ifstream in(std::filesystem::path(LMTUNE_SOURCE_DIR) / "configs" / "presets" / (preset + ".yaml"));
+  std::ofstream(dir / (name + ".yaml")) << in.rdbuf() << "\n" << extra;
+  InitOptions o;
+  o.preset = dir / (name + ".yaml");
+  o.out = dir / name;
+  o.seed = seed;
+  o.overwrite = true;
+  init_model_dir(o);
+  return o.out;
+}
+
 // The Gated DeltaNet hybrids: a random tiny-qwen3-next model loads with every projection quantized (DeltaNet's
 // in_proj_* and out_proj, gated attention, the shared expert and its gate) and computes what the model with the
 // dequantized weights computes, on every device.
 TEST(QLoRALinear, LoadWeightsQuantizesTheGatedDeltaNetHybrid) {
-  const std::filesystem::path dir = std::filesystem::path(LMTUNE_BINARY_DIR) / "test_models_tmp";
-  std::filesystem::create_directories(dir);
-  std::ifstream preset(std::filesystem::path(LMTUNE_SOURCE_DIR) / "configs" / "presets" / "tiny-qwen3-next.yaml");
-  std::ofstream(dir / "qlora_qwen3_next.yaml") << preset.rdbuf() << "\nvocab_size: 96\n";
-  InitOptions o;
-  o.preset = dir / "qlora_qwen3_next.yaml";
-  o.out = dir / "qlora_qwen3_next";
-  o.seed = 5;
-  o.overwrite = true;
-  init_model_dir(o);
+  const std::filesystem::path model = random_model("tiny-qwen3-next", "vocab_size: 96\n", "qlora_qwen3_next", 5);
   for (const std::string& dev : test_devices()) {
     const Device d = parse_device(dev);
-    Decoder dense = load_decoder(o.out, DType::f32, DType::f32, d);
-    Decoder quant = load_decoder(o.out, DType::f32, DType::f32, d, quant::Format::q8_0);
+    Decoder dense = load_decoder(model, DType::f32, DType::f32, d);
+    Decoder quant = load_decoder(model, DType::f32, DType::f32, d, quant::Format::q8_0);
     const std::vector<Linear*> ql = quant.weights().linears();
     size_t deltanet = 0;
     for (const LayerWeights& l : quant.weights().layers) deltanet += l.delta.out.qweight.defined();
@@ -153,23 +160,16 @@ TEST(QLoRALinear, LoadWeightsQuantizesTheGatedDeltaNetHybrid) {
 // shared layers' q and o, double-wide MLPs, the per-layer-input gate, the dense MLP beside the experts) and
 // computes what the model with the dequantized weights computes; the experts stay in the weight dtype.
 TEST(QLoRALinear, LoadWeightsQuantizesGemma4) {
-  const std::filesystem::path dir = std::filesystem::path(LMTUNE_BINARY_DIR) / "test_models_tmp";
-  std::filesystem::create_directories(dir);
-  std::ifstream preset(std::filesystem::path(LMTUNE_SOURCE_DIR) / "configs" / "presets" / "tiny-gemma4.yaml");
-  std::ofstream(dir / "qlora_gemma4.yaml") << preset.rdbuf()
-                                           << "\nvocab_size: 96\nenable_moe_block: true\nnum_experts: 4\n"
-                                              "top_k_experts: 2\nmoe_intermediate_size: 32\n";
-  InitOptions o;
-  o.preset = dir / "qlora_gemma4.yaml";
-  o.out = dir / "qlora_gemma4";
-  o.seed = 6;
-  o.overwrite = true;
-  init_model_dir(o);
+  const std::filesystem::path model =
+      random_model("tiny-gemma4",
+                   "vocab_size: 96\nenable_moe_block: true\nnum_experts: 4\ntop_k_experts: 2\n"
+                   "moe_intermediate_size: 32\n",
+                   "qlora_gemma4", 6);
   for (const std::string& dev : test_devices()) {
     SCOPED_TRACE(dev);
     const Device d = parse_device(dev);
-    Decoder dense = load_decoder(o.out, DType::f32, DType::f32, d);
-    Decoder quant = load_decoder(o.out, DType::f32, DType::f32, d, quant::Format::q8_0);
+    Decoder dense = load_decoder(model, DType::f32, DType::f32, d);
+    Decoder quant = load_decoder(model, DType::f32, DType::f32, d, quant::Format::q8_0);
     size_t experts = 0;
     for (const LayerWeights& l : quant.weights().layers) experts += l.moe.gate_up.defined();
     EXPECT_EQ(experts, 6u);

@@ -40,11 +40,9 @@ TEST_P(TransformersWritten, LogitsAndLossMatchTransformers) {
   Reference ref(c.family);
   Decoder model = load_decoder(fixture_dir(c.family), DType::f32, DType::f32, device);
   const Tensor ids = ref.int_tensor("ids", device);
-  const int64_t B = ids.dim(0), T = ids.dim(1);
-  std::vector<int32_t> pos(size_t(B * T));
-  for (int64_t i = 0; i < B * T; ++i) pos[size_t(i)] = int32_t(i % T);  // one document per row, as transformers ran
   NoGrad no_grad;
-  const Tensor out = model.forward(ids, Tensor::from_ints(pos, {B, T}, device), ForwardOptions{});
+  // One document per row from position 0, as transformers ran them.
+  const Tensor out = model.forward(ids, default_positions(ids.dim(0), ids.dim(1), device), ForwardOptions{});
   EXPECT_LT(rel_err(out.to_floats(), ref.floats("logits")), c.tolerance);
   const double want = ref.floats("loss")[0];
   EXPECT_NEAR(mean_cross_entropy(out, ref.int_tensor("targets", device)).item(), want, 1e-5 * std::fabs(want));
