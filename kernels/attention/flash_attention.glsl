@@ -42,7 +42,15 @@ layout(push_constant) uniform Push {
 
 #define NEG_INF uintBitsToFloat(0xff800000u)
 
+#ifdef SPEC_DTYPES
+// The dtypes as specialization constant 0 (the host passes the push constants' value): a pipeline per dtype
+// combination, whose code the driver compiles without the dtype switches (bench/RESULTS.md: small kernels are
+// bound by their code's length, not by their work).
+layout(constant_id = 0) const uint DTYPES = 0u;
+uint dt(uint field) { return (DTYPES >> (4u * field)) & 15u; }
+#else
 uint dt(uint field) { return (p.dtypes >> (4u * field)) & 15u; }
+#endif
 bool causal() { return (p.flags & 1u) != 0u; }
 bool has_docs() { return (p.flags & 2u) != 0u; }
 bool has_key_mask() { return (p.flags & 4u) != 0u; }

@@ -12,6 +12,7 @@
 // Needs D, the offsets and strides of q, k, v in multiples of 8 (the host checks). A row's sums live in registers
 // (8 x MAXROWS per invocation), so more rows take more row blocks, not a wider kernel.
 #define FLASH_WG 128
+#define SPEC_DTYPES
 #include "attention/flash_attention.glsl"
 TENSOR4(1, K)
 TENSOR4(2, V)

@@ -17,11 +17,14 @@ layout(push_constant) uniform Push {
   uint T, H, KV, D, R;
   uint x_off, x_sb, x_st, pos_off, freq_off, y_off;
   uint z_off, z_sb, z_st, v_off, v_sb, v_st, w_off, w_sb, w_st;
-  uint dtypes;  // x | y << 4 | z << 8 | v << 12 | w << 16
+  uint dtypes;  // x | y << 4 | z << 8 | v << 12 | w << 16 (read as DTYPES below)
   float scale;
 } p;
 
-uint dt(uint field) { return (p.dtypes >> (4u * field)) & 15u; }
+// The dtypes as specialization constant 1 (the host passes the push constants' value): a pipeline per dtype
+// combination, compiled without the dtype switches.
+layout(constant_id = 1) const uint DTYPES = 0u;
+uint dt(uint field) { return (DTYPES >> (4u * field)) & 15u; }
 
 // Unit u of X's rows: rotates the pair (k, k + R/2) of its row, or copies dim R + (k - R/2).
 void rotate(uint u) {

@@ -38,9 +38,9 @@ layout(push_constant) uniform GemvParams {
   uint a_off, a_rs;  // A's element offset and row stride
   uint w_off, w_rs;  // W's element offset and row stride (unit stride along K)
   uint c_off;        // C is [rows, N], contiguous
-  uint dtypes;       // A | W << 4 | C << 8 | U << 12 | V << 16 | E << 20
+  uint dtypes;       // A | W << 4 | C << 8 | U << 12 | V << 16 | E << 20 (read as DTYPES below)
   float alpha;
-  uint flags;
+  uint flags;        // (read as FLAGS below)
   uint R;            // the addend's rank
   uint u_off, u_rs;  // U's element offset and row stride (unit stride along R)
   uint v_off, v_rs;  // V's element offset and row stride (unit stride along R)
@@ -51,6 +51,11 @@ layout(push_constant) uniform GemvParams {
 } p;
 
 const uint FLAG_LOW_RANK = 1u, FLAG_ADDEND = 2u, FLAG_GATED = 4u, FLAG_BY_ID = 8u;
+// The dtypes and flags as specialization constants 3 and 4 (the host passes the push constants' values, which
+// the kernel does not read): a pipeline per combination, compiled without the dtype switches and the terms it
+// lacks (bench/RESULTS.md: a decode step's small products are bound by their code's length).
+layout(constant_id = 3) const uint DTYPES = 0u;
+layout(constant_id = 4) const uint FLAGS = 0u;
 
 layout(constant_id = 1) const uint COLS = 4u;    // columns per workgroup (without split-K)
 layout(constant_id = 2) const uint KSPLIT = 1u;  // 1, or the subgroups of a workgroup (4): they share one column
@@ -72,13 +77,13 @@ shared float partial[KSPLIT][MAXR];
 void column_sums(uint wn, uint sub, uint nr, uint w_base, uint a_base, out float acc[MAXR]) {
   const uint lane = gl_SubgroupInvocationID;
   const uint step = gl_SubgroupSize * 8u * KSPLIT;  // K between one invocation's consecutive loads
-  const uint adt = p.dtypes & 15u, wdt = (p.dtypes >> 4) & 15u;
+  const uint adt = DTYPES & 15u, wdt = (DTYPES >> 4) & 15u;
   float low[MAXR];
   [[unroll]] for (uint r = 0u; r < MAXR; ++r) acc[r] = low[r] = 0.0;
   // The low-rank terms' first loads go out before the weight row streams and are used after it (R <= the
   // subgroup's width: no other load).
-  const bool lr = (p.flags & FLAG_LOW_RANK) != 0u;
-  const uint udt = (p.dtypes >> 12) & 15u, vdt = (p.dtypes >> 16) & 15u;
+  const bool lr = (FLAGS & FLAG_LOW_RANK) != 0u;
+  const uint udt = (DTYPES >> 12) & 15u, vdt = (DTYPES >> 16) & 15u;
   const uint j0 = sub * gl_SubgroupSize + lane, jstep = gl_SubgroupSize * KSPLIT;
   float v0 = 0.0, u0[MAXR];
   [[unroll]] for (uint r = 0u; r < MAXR; ++r) u0[r] = 0.0;
@@ -139,11 +144,11 @@ float rounded(uint dt, float v) { return decode(dt, encode(dt, v)); }
 void main() {
   const uint lane = gl_SubgroupInvocationID;
   const uint sub = KSPLIT > 1u ? gl_SubgroupID : 0u;  // this subgroup's share of K
-  const uint cdt = (p.dtypes >> 8) & 15u, edt = (p.dtypes >> 20) & 15u;
-  const bool gated = (p.flags & FLAG_GATED) != 0u, addend = (p.flags & FLAG_ADDEND) != 0u;
+  const uint cdt = (DTYPES >> 8) & 15u, edt = (DTYPES >> 20) & 15u;
+  const bool gated = (FLAGS & FLAG_GATED) != 0u, addend = (FLAGS & FLAG_ADDEND) != 0u;
   const uint nout = gated ? p.N / 2u : p.N;  // C's columns
   uint nr = min(MAXR, p.rows), w_base = p.w_off, a_base = p.a_off, c_base = p.c_off;
-  if ((p.flags & FLAG_BY_ID) != 0u) {
+  if ((FLAGS & FLAG_BY_ID) != 0u) {
     const uint r = gl_WorkGroupID.z, id = min(ID_w[p.id_off + r], p.matrices - 1u);  // a negative id clamps too
     nr = 1u, w_base += id * p.w_ms, a_base += (r / p.a_div) * p.a_rs, c_base += r * nout;
   }

@@ -30,6 +30,12 @@ layout(push_constant) uniform Push {
   uint vec;     // rms: 1: c and the x, w, y offsets are multiples of 4 (vector path); 2: of 8, x 16-bit
 } p;
 
+// RMSNorm's dtypes and vector path as specialization constants 1 and 2 (the host passes the push constants'
+// values): a pipeline per combination, compiled without the dtype switches and the other paths. LayerNorm reads
+// the push constants.
+layout(constant_id = 1) const uint DTYPES = 0u;
+layout(constant_id = 2) const uint VEC = 0u;
+
 #ifndef LAYER
 // RMSNorm of a row with 4-element loads, the row held in registers (up to RC vec4 per invocation) so that x is
 // read from memory once.
@@ -93,13 +99,18 @@ void rms_wide(uint row, uint tid, uint wg, uint dx, uint dw, uint dy) {
 
 void main() {
   uint tid = gl_LocalInvocationID.x, wg = gl_WorkGroupSize.x;
-  uint dx = p.dtypes & 15u, dw = (p.dtypes >> 4) & 15u, db = (p.dtypes >> 8) & 15u, dy = (p.dtypes >> 12) & 15u;
+#ifdef LAYER
+  const uint dts = p.dtypes, vec = 0u;
+#else
+  const uint dts = DTYPES, vec = VEC;
+#endif
+  uint dx = dts & 15u, dw = (dts >> 4) & 15u, db = (dts >> 8) & 15u, dy = (dts >> 12) & 15u;
 #ifndef LAYER
-  if (p.vec == 2u) {
+  if (vec == 2u) {
     for (uint row = gl_WorkGroupID.x; row < p.rows; row += gl_NumWorkGroups.x) rms_wide(row, tid, wg, dx, dw, dy);
     return;
   }
-  if (p.vec != 0u) {
+  if (vec != 0u) {
     for (uint row = gl_WorkGroupID.x; row < p.rows; row += gl_NumWorkGroups.x) rms_vec(row, tid, wg, dx, dw, dy);
     return;
   }

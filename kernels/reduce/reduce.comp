@@ -3,7 +3,11 @@
 // sums), first index on ties for argmax, -inf for empty max/logsumexp.
 // Rows (the outputs) are addressed through up to 3 collapsed outer dims with strides for x and y.
 // mode 0: one workgroup per output row (the axis is read by all invocations, then a shared-memory tree reduction);
-// mode 1: one invocation per output, looping over the axis (coalesced when the axis is not the innermost dim).
+// mode 1: one invocation per output, looping over the axis (coalesced when the axis is not the innermost dim);
+// modes 2 and 3: max or argmax of few long rows (a decode step's logits: one workgroup would walk a vocabulary
+// of 150k alone) in two dispatches. Mode 2: workgroup (x, y) takes stretch x of `chunk` elements of row y and
+// writes its maximum and first index to PV and PI [rows, chunks]; mode 3: a workgroup per row picks the best
+// stretch, the lower index on ties, as one workgroup would have.
 #include "common/common.glsl"
 
 layout(local_size_x_id = 0) in;
@@ -11,6 +15,8 @@ layout(local_size_x_id = 0) in;
 TENSOR(0, X)
 TENSOR(1, Y)
 TENSOR4(0, X)
+TENSOR(2, PV)  // modes 2 and 3: f32 [rows, chunks] stretch maxima
+TENSOR(3, PI)  // and their indices (f32: exact below 2^24, the host checks)
 
 layout(push_constant) uniform Push {
   uint n;            // length of the reduced axis
@@ -23,7 +29,8 @@ layout(push_constant) uniform Push {
   uint dtypes;       // x | y << 4
   uint op;           // 0 sum, 1 max, 2 logsumexp, 3 argmax
   uint mode;
-  uint vec;          // mode 0: the axis is dense, n and every row's offset are multiples of 4 (vector loads)
+  uint vec;          // modes 0 and 2: the axis is dense, n and every row's offset are multiples of 4 (vector loads)
+  uint chunk, chunks;  // modes 2 and 3: elements per stretch (a multiple of 4), stretches per row
 } p;
 
 #define NEG_INF uintBitsToFloat(0xff800000u)
@@ -135,6 +142,68 @@ void row_mode(uint row) {
   }
 }
 
+// ---- modes 2 and 3: stretches of a row, then their best ----
+// The maximum and first index of elements [k0, k1) of the row at xo, met over the workgroup (valid in s_v[0],
+// s_i[0]; n/a: -inf and index 0xffffffff).
+void best_of(uint xo, uint k0, uint k1) {
+  uint tid = gl_LocalInvocationID.x, wg = gl_WorkGroupSize.x;
+  float m = NEG_INF;
+  uint idx = 0xffffffffu;
+  if (p.vec != 0u) {  // k0 and k1 are multiples of 4 here
+    uint dx = p.dtypes & 15u;
+    for (uint k = k0 + 4u * tid; k < k1; k += 4u * wg) {
+      vec4 v = X_ld4(dx, xo + k);
+      [[unroll]] for (uint e = 0u; e < 4u; ++e) {
+        if (idx == 0xffffffffu || v[e] > m) {
+          m = v[e];
+          idx = k + e;
+        }
+      }
+    }
+  } else {
+    for (uint k = k0 + tid; k < k1; k += wg) {
+      float v = ld(xo, k);
+      if (idx == 0xffffffffu || v > m) {
+        m = v;
+        idx = k;
+      }
+    }
+  }
+  s_v[tid] = m;
+  s_i[tid] = idx;
+  tree(2u);
+}
+
+void stretch_mode(uint chunk, uint row) {
+  uint xo, yo;
+  offsets(row, xo, yo);
+  uint k0 = chunk * p.chunk;
+  best_of(xo, k0, min(p.n, k0 + p.chunk));
+  if (gl_LocalInvocationID.x == 0u) {
+    ST_F32(PV, row * p.chunks + chunk, s_v[0]);
+    ST_F32(PI, row * p.chunks + chunk, s_i[0] == 0xffffffffu ? -1.0 : float(s_i[0]));
+  }
+}
+
+void best_stretch_mode(uint row) {
+  uint tid = gl_LocalInvocationID.x, wg = gl_WorkGroupSize.x;
+  uint xo, yo;
+  offsets(row, xo, yo);
+  float m = NEG_INF;
+  uint idx = 0xffffffffu;
+  for (uint c = tid; c < p.chunks; c += wg) {
+    float v = LD_F32(PV, row * p.chunks + c), i = LD_F32(PI, row * p.chunks + c);
+    if (i >= 0.0 && (idx == 0xffffffffu || v > m)) {  // stretches in order: a later one wins only if greater
+      m = v;
+      idx = uint(i);
+    }
+  }
+  s_v[tid] = m;
+  s_i[tid] = idx;
+  tree(2u);
+  if (tid == 0u) store(yo, s_v[0], s_i[0]);
+}
+
 // ---- mode 1: invocation per row ----
 void col_mode(uint row) {
   uint xo, yo;
@@ -159,7 +228,11 @@ void col_mode(uint row) {
 }
 
 void main() {
-  if (p.mode == 0u) {
+  if (p.mode == 2u) {
+    stretch_mode(gl_WorkGroupID.x, gl_WorkGroupID.y);
+  } else if (p.mode == 3u) {
+    for (uint row = gl_WorkGroupID.x; row < p.rows; row += gl_NumWorkGroups.x) best_stretch_mode(row);
+  } else if (p.mode == 0u) {
     for (uint row = gl_WorkGroupID.x; row < p.rows; row += gl_NumWorkGroups.x) row_mode(row);
   } else {
     uint stride = gl_NumWorkGroups.x * gl_WorkGroupSize.x;

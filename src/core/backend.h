@@ -1,8 +1,13 @@
 // What the core needs from a backend: device memory and transfers. Backends live in src/backend/ and
 // implement this; ops reach their kernels through Primitive::eval_cpu / eval_vulkan, not through here.
 #pragma once
+#include <algorithm>
 #include <cstddef>
+#include <cstdint>
+#include <cstring>
 #include <memory>
+#include <utility>
+#include <vector>
 
 #include "core/device.h"
 #include "core/dtype.h"
@@ -36,6 +41,23 @@ class Backend {
   virtual void fill(Buffer& dst, uint32_t word) = 0;
   // Waits until all queued work has finished.
   virtual void synchronize() = 0;
+  // A device -> host copy of `bytes` of src started after the work queued so far, which is submitted; take_read()
+  // of the ticket later waits for that point only, however much is queued after it (a decode step reads its
+  // sampled ids while the next step runs). Each ticket is taken once. Here (host backends): read at once.
+  virtual uint64_t read_later(Buffer& src, size_t offset, size_t bytes) {
+    std::vector<char> copy(bytes);
+    read(src, offset, copy.data(), bytes);
+    stash_.emplace_back(++tickets_, std::move(copy));
+    return tickets_;
+  }
+  virtual void take_read(uint64_t ticket, void* dst, size_t bytes) {
+    for (auto it = stash_.begin(); it != stash_.end(); ++it)
+      if (it->first == ticket) {
+        std::memcpy(dst, it->second.data(), std::min(bytes, it->second.size()));
+        stash_.erase(it);
+        return;
+      }
+  }
   // Bytes held by live tensors now, and the most held since the last reset_peak().
   virtual size_t bytes_in_use() const = 0;
   virtual size_t peak_bytes() const = 0;
@@ -56,6 +78,10 @@ class Backend {
   virtual bool runs_fused_attention(const FlashAttentionParams& /*p*/, DType /*q_dtype*/, bool /*backward*/) const {
     return true;
   }
+
+ private:
+  std::vector<std::pair<uint64_t, std::vector<char>>> stash_;  // read_later's copies (host backends)
+  uint64_t tickets_ = 0;
 };
 
 // The backend for a device (created on first use). Defined in src/backend/registry.cpp.

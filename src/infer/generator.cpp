@@ -4,6 +4,8 @@
 #include <algorithm>
 #include <chrono>
 
+#include <spdlog/spdlog.h>
+
 #include "core/autodiff.h"
 #include "core/backend.h"
 #include "core/error.h"
@@ -101,15 +103,31 @@ Session::Session(const models::Decoder& decoder, int64_t max_batch, SessionOptio
   if (max_batch <= 0) throw ConfigError("generate: batch size must be positive");
 }
 
+Session::~Session() {
+  try {
+    drop_pending();
+  } catch (const std::exception& e) {
+    spdlog::warn("generate: while ending a session: {}", e.what());
+  }
+}
+
+void Session::drop_pending() {
+  if (!pending_.defined()) return;
+  std::vector<int32_t> unused(size_t(pending_.numel()));
+  backend(pending_.device()).take_read(pending_read_, unused.data(), unused.size() * sizeof(int32_t));
+  pending_ = Tensor();
+}
+
 int64_t Session::running() const {
   int64_t n = 0;
   for (const Sequence* s : rows_) n += !s->finished();
   return n;
 }
 
-Tensor Session::forward_last(const Tensor& ids, const Tensor& positions, const Tensor& mask) {
+Tensor Session::forward_last(const Tensor& ids, const Tensor& positions, const Tensor& mask, bool ids_on_device) {
   models::ForwardOptions opt;
   opt.attend_mask = mask;
+  opt.ids_on_device = ids_on_device;
   opt.cache = options_.use_cache ? cache_.get() : nullptr;
   Tensor hidden = decoder_.forward_hidden(ids, positions, opt);  // [B, T, C]
   const int64_t B = hidden.dim(0), T = hidden.dim(1), C = hidden.dim(2);
@@ -225,6 +243,7 @@ void Session::prefill(const std::vector<Sequence*>& seqs) {
   }
   auto t0 = Clock::now();
   rows_ = seqs;
+  drop_pending();  // the last batch's step, computed in vain
   PaddedPrompts pp = left_pad_prompts(seqs);
   const int64_t B = pp.B, P = pp.P;
   const std::vector<int32_t>&ids = pp.ids, &pos = pp.positions, &mask = pp.mask;
@@ -252,9 +271,54 @@ void Session::prefill(const std::vector<Sequence*>& seqs) {
   stats_.peak_bytes = std::max(stats_.peak_bytes, backend(dev).peak_bytes());
 }
 
+bool Session::pipelines() const {
+  if (!options_.use_cache) return false;
+  for (const Sequence* s : rows_)
+    if (!s->finished() && (!s->sampling().greedy() || s->sampling().needs_full_row() || s->logprobs_top_ >= 0))
+      return false;
+  return true;
+}
+
+void Session::accept_pending() {
+  std::vector<int32_t> chosen(rows_.size());
+  // Waits for that step only, not for the one recorded since.
+  backend(pending_.device()).take_read(pending_read_, chosen.data(), chosen.size() * sizeof(int32_t));
+  pending_ = Tensor();
+  for (size_t b = 0; b < rows_.size(); ++b) {
+    Sequence* s = rows_[b];
+    if (s->finished()) continue;
+    s->accept(chosen[b]);
+    ++stats_.decode_tokens;
+  }
+}
+
+int64_t Session::step_pipelined() {
+  const Device dev = decoder_.device();
+  auto t0 = Clock::now();
+  const int64_t B = int64_t(rows_.size());
+  // Rows finished by the tokens still pending are computed once more (and ignored), as finished rows are.
+  DecodeInputs in = decode_inputs(rows_);
+  const bool on_device = pending_.defined();
+  const Tensor ids = on_device ? ops::reshape(pending_, {B, 1}) : Tensor::from_ints(in.ids, {B, 1}, dev);
+  Tensor next = ops::argmax(forward_last(ids, Tensor::from_ints(in.positions, {B, 1}, dev), Tensor(), on_device), -1);
+  const uint64_t read = backend(dev).read_later(*next.buffer(), size_t(next.offset()) * sizeof(int32_t),
+                                                size_t(B) * sizeof(int32_t));
+  if (on_device) accept_pending();
+  pending_ = std::move(next);
+  pending_read_ = read;
+  stats_.decode_seconds += seconds_since(t0);
+  stats_.peak_bytes = std::max(stats_.peak_bytes, backend(dev).peak_bytes());
+  return running();
+}
+
 int64_t Session::step() {
   if (running() == 0) return 0;
   NoGrad no_grad;
+  if (pipelines()) return step_pipelined();
+  if (pending_.defined()) {  // no longer pipelined (cannot happen within a batch): take the recorded step's tokens
+    accept_pending();
+    if (running() == 0) return 0;
+  }
   const Device dev = decoder_.device();
   auto t0 = Clock::now();
   const int64_t B = int64_t(rows_.size());

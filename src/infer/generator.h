@@ -127,18 +127,30 @@ class Session {
  public:
   // `decoder` must outlive the session; `max_batch` bounds the sequences of one prefill.
   Session(const models::Decoder& decoder, int64_t max_batch, SessionOptions options = {});
+  ~Session();
+  Session(const Session&) = delete;
+  Session& operator=(const Session&) = delete;
 
   // Starts a batch: places `seqs` (at most max_batch, not finished; they must outlive the batch) in slots
   // 0..n-1 and prefills them together, sampling each one's first token. Any previous batch must be done
   // (running() == 0); its cache is reused.
   void prefill(const std::vector<Sequence*>& seqs);
-  // One decode step for every running sequence. Returns how many are still running.
+  // One decode step for every running sequence. Returns how many are still running. With a cache and every
+  // running row greedy (no log-probs), steps are pipelined: each call records the next step on the device's own
+  // argmax of the last one, and only then reads that argmax and accepts its tokens, so the device never waits
+  // for the host between steps. The host then lags one step: the first call accepts nothing, and the call that
+  // finishes the last sequence leaves one step computed in vain.
   int64_t step();
   int64_t running() const;
   const GenerationStats& stats() const { return stats_; }
 
  private:
-  Tensor forward_last(const Tensor& ids, const Tensor& positions, const Tensor& mask);  // -> logits [B, V]
+  Tensor forward_last(const Tensor& ids, const Tensor& positions, const Tensor& mask,
+                      bool ids_on_device = false);  // -> logits [B, V]
+  bool pipelines() const;  // whether step() records ahead (above)
+  int64_t step_pipelined();
+  void accept_pending();  // reads the recorded step's argmax and accepts each running row's token
+  void drop_pending();    // takes the recorded step's read and ignores it
 
   const models::Decoder& decoder_;
   int64_t max_batch_;
@@ -147,6 +159,8 @@ class Session {
   std::vector<Sequence*> rows_;
   // use_cache == false: every row's full token, position and mask columns so far.
   std::vector<std::vector<int32_t>> all_ids_, all_pos_, all_mask_;
+  Tensor pending_;  // pipelined steps: i32 [B], the last recorded step's argmax, not yet read
+  uint64_t pending_read_ = 0;  // its copy to the host (Backend::read_later)
   GenerationStats stats_;
   bool peak_reset_ = false;
 };

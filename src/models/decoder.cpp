@@ -654,7 +654,7 @@ Tensor Decoder::forward_hidden(const Tensor& ids, const Tensor& positions, const
     options.cache->record_attend_mask(m, ids.dim(1));
   }
 
-  Tensor x = ops::cast(ops::embedding(weights_.embed, ids), compute_dtype_);
+  Tensor x = ops::cast(ops::embedding(weights_.embed, ids, options.ids_on_device), compute_dtype_);
   if (config_.embed_scale != 1.0f) x = ops::scale(x, round_to(config_.embed_scale, compute_dtype_));
   const Tensor ple = per_layer_inputs(ids, x);
 

@@ -217,6 +217,9 @@ struct ForwardOptions {
   // With a cache the mask is recorded there and keeps applying to later calls.
   Tensor attend_mask;
   KvCache* cache = nullptr;       // optional: append this call's keys/values and attend to the cached ones
+  // The ids were made on the device (a decode step's argmax of the step before): embedded as they lie, without
+  // the host's range check, so that recording the call does not wait for them.
+  bool ids_on_device = false;
   bool checkpoint_layers = false; // gradient checkpointing: each layer recomputes its activations in backward
   int64_t unchecked_layers = 0;   // with checkpoint_layers: the last N layers keep their activations instead
   // optional (serving): the adapter of each batch row; every Linear then applies only that adapter to that row.

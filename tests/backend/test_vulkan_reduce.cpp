@@ -50,6 +50,33 @@ TEST(VulkanReduce, LongAxesAndManyColumns) {
   check_all_reductions(bc, bg, DType::bf16);
 }
 
+TEST(VulkanReduce, MaxAndArgmaxOfFewLongRowsInStretches) {
+  REQUIRE_VULKAN();
+  // Rows of at least 16384 take stretches of 4096 on workgroups of their own, then each row's best stretch:
+  // odd lengths (scalar loads), multiples of 4 (vector loads), a strided view, ties across stretches, -inf rows.
+  for (int64_t n : {16384, 151937}) {
+    auto xc = Tensor::randn({3, n}, 5, 1.0f, DType::f32, Device::cpu());
+    auto xg = Tensor::randn({3, n}, 5, 1.0f, DType::f32, gpu());
+    EXPECT_EQ(ops::max(xg, 1).to_floats(), ops::max(xc, 1).to_floats());
+    EXPECT_EQ(ops::argmax(xg, 1).to_ints(), ops::argmax(xc, 1).to_ints());
+  }
+  auto bc = Tensor::randn({2, 3, 40000}, 6, 1.0f, DType::bf16, Device::cpu());
+  auto bg = Tensor::randn({2, 3, 40000}, 6, 1.0f, DType::bf16, gpu());
+  EXPECT_EQ(ops::argmax(bg, 2).to_ints(), ops::argmax(bc, 2).to_ints());
+  EXPECT_EQ(ops::argmax(ops::slice(bg, 2, 1, 40000, 2), 2).to_ints(),
+            ops::argmax(ops::slice(bc, 2, 1, 40000, 2), 2).to_ints());
+  const int64_t n = 20000;
+  std::vector<float> v(4 * n, 0.0f);
+  for (int64_t i = 0; i < n; ++i) v[n + i] = -INFINITY;  // row 1: all -inf
+  v[2 * n + 9000] = v[2 * n + 4095] = v[2 * n + 19999] = 3.0f;  // row 2: ties in three stretches
+  v[3 * n + 19999] = 1.0f;                                       // row 3: the last element
+  auto tc = Tensor::from_floats(v, {4, n}, DType::f32, Device::cpu());
+  auto tg = Tensor::from_floats(v, {4, n}, DType::f32, gpu());
+  EXPECT_EQ(ops::argmax(tg, 1).to_ints(), (std::vector<int32_t>{0, 0, 4095, 19999}));
+  EXPECT_EQ(ops::argmax(tg, 1).to_ints(), ops::argmax(tc, 1).to_ints());
+  EXPECT_EQ(ops::max(tg, 1).to_floats(), ops::max(tc, 1).to_floats());
+}
+
 TEST(VulkanReduce, TiesAndInfinities) {
   REQUIRE_VULKAN();
   std::vector<float> v(6 * 40);

@@ -138,6 +138,29 @@ TEST(VulkanRuntime, WriteAfterKernelsIsOrdered) {
   for (float f : z.to_floats()) ASSERT_EQ(f, 10.0f);
 }
 
+TEST(VulkanRuntime, ReadLaterSeesItsPointInTheQueueAndWaitsForItOnly) {
+  REQUIRE_VULKAN();
+  vk::Context& ctx = vk::context_for(gpu());
+  Backend& be = backend(gpu());
+  auto x = Tensor::full({33}, 0.0f, DType::f32, gpu());
+  for (int i = 0; i < 20; ++i) x = ops::add_scalar(x, 1.0f);
+  const uint64_t subs = ctx.recorder().submissions();
+  const uint64_t ticket = be.read_later(*x.buffer(), size_t(x.offset()) * 4, 33 * 4);
+  EXPECT_EQ(ctx.recorder().submissions(), subs + 1);  // the copy's batch went out at once
+  // Work queued after the read, writing the same buffer in place: not seen by it, and not waited for.
+  for (int i = 0; i < 40; ++i) x = ops::add_scalar(x, 1.0f);
+  backend(gpu()).write(*x.buffer(), 0, std::vector<float>(33, 7.0f).data(), 33 * 4);
+  const uint64_t open = ctx.recorder().open_serial();
+  std::vector<float> got(33);
+  be.take_read(ticket, got.data(), got.size() * 4);
+  for (float f : got) ASSERT_EQ(f, 20.0f);
+  if (open) {
+    EXPECT_LT(ctx.recorder().completed_serial(), open);
+  }
+  EXPECT_THROW(be.take_read(ticket, got.data(), 4), DeviceError);  // taken once
+  for (float f : x.to_floats()) ASSERT_EQ(f, 7.0f);
+}
+
 TEST(VulkanRuntime, ProfilingCountsKernels) {
   REQUIRE_VULKAN();
   vk::Context& ctx = vk::context_for(gpu());

@@ -74,6 +74,46 @@ TEST(Generate, VulkanMatchesCpu) {
   EXPECT_EQ(run(gpu, kPrompts, greedy, 8, 3, true), run(cpu, kPrompts, greedy, 8, 3, true));
 }
 
+// Greedy steps over a cache are pipelined (a step is recorded on the device's argmax of the one before, and the
+// host reads that argmax afterwards): the first step accepts nothing, and the tokens equal those of the
+// unpipelined path (taken when log-probs are asked for), rows finishing at different steps, on the CPU and on
+// Vulkan.
+TEST(Generate, PipelinedGreedyStepsLagOneAndEqualUnpipelined) {
+  std::vector<Device> devices{Device::cpu()};
+  if (!vk::list_devices().empty()) devices.push_back(Device::vulkan(0));
+  for (const Device& d : devices) {
+    SCOPED_TRACE(d.str());
+    models::Decoder model = models::load_decoder(model_fixture("qwen3"), DType::f32, DType::f32, d);
+    auto decode = [&](bool logprobs) {
+      std::vector<Sequence> seqs;
+      const int max_tokens[] = {5, 9, 12};
+      for (size_t i = 0; i < kPrompts.size(); ++i) {
+        StopParams stop;
+        stop.max_tokens = max_tokens[i];
+        seqs.emplace_back(kPrompts[i], SamplingParams{}, stop);
+        if (logprobs) seqs.back().set_logprobs(0);
+      }
+      std::vector<Sequence*> rows;
+      for (auto& s : seqs) rows.push_back(&s);
+      Session session(model, 3);
+      session.prefill(rows);
+      session.step();
+      for (const auto& s : seqs) EXPECT_EQ(s.generated().size(), logprobs ? 2u : 1u);
+      while (session.step() > 0) {
+      }
+      std::vector<std::vector<int32_t>> out;
+      for (const auto& s : seqs) {
+        EXPECT_EQ(s.finish_reason(), FinishReason::length);
+        out.push_back(s.generated());
+      }
+      return out;
+    };
+    const auto pipelined = decode(false);
+    EXPECT_EQ(pipelined, decode(true));
+    EXPECT_EQ(pipelined[2].size(), 12u);
+  }
+}
+
 // ---- stops and streaming (tiny qwen3 with its tokenizer) ----
 
 struct Tiny {

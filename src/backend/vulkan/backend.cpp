@@ -80,6 +80,14 @@ class VulkanBackend final : public Backend {
     ctx_->fill_buffer({std::shared_ptr<Buffer>(std::shared_ptr<Buffer>(), &dst), true}, word);
   }
   void synchronize() override { ctx_->synchronize(); }
+  uint64_t read_later(Buffer& src, size_t offset, size_t bytes) override {
+    std::lock_guard lock(ctx_->mutex());
+    return ctx_->recorder().read_later(device_buffer(src), offset, bytes);
+  }
+  void take_read(uint64_t ticket, void* dst, size_t bytes) override {
+    std::lock_guard lock(ctx_->mutex());
+    ctx_->recorder().take_read(ticket, dst, bytes);
+  }
   size_t bytes_in_use() const override {
     std::lock_guard lock(ctx_->mutex());
     return ctx_->allocator().bytes_in_use();

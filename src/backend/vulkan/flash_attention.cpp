@@ -276,9 +276,11 @@ void FlashAttention::eval_vulkan(const std::vector<Tensor>& ins, std::vector<Ten
   f.lse_off = elem_offset(plse);
   f.y_off = elem_offset(part);
   f.dtypes |= uint32_t(part.dtype()) << 16;
+  // The decode kernel is built per dtype combination (specialization constant 0).
+  const std::vector<uint32_t> spec = decode ? std::vector<uint32_t>{f.dtypes} : std::vector<uint32_t>{};
   ctx.dispatch(variant(ctx, (decode ? "flash_attention_decode" : "flash_attention_fwd") + cls),
                {in(q), in(k), in(v), in(q), out(plse), in(q), docs, keys, out(part), in(q)}, f,
-               {blocks, f.KV, batch * f.splits});
+               {blocks, f.KV, batch * f.splits}, spec);
   if (f.splits > 1) {
     CombinePush c{u32(o.numel(), "output size"), f.T, f.H, f.D, f.splits, elem_offset(part), elem_offset(plse),
                   elem_offset(o), elem_offset(lse), uint32_t(o.dtype())};

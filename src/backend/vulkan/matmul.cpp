@@ -217,7 +217,7 @@ void record_gemv(Context& ctx, const MatmulPlan& plan, const Tensor& a, const Te
   ctx.dispatch(plan.kernel,
                {in(a), in(b), out(c), in(lr ? *lr->u : a), in(lr ? *lr->v : b), in(addend ? *addend : a), in(a)},
                p, Groups{uint32_t(row), uint32_t((groups + row - 1) / row), 1},
-               {4 * std::max<uint32_t>(ctx.features().subgroup_size, 1), cols, split_k ? 4u : 1u});
+               {4 * std::max<uint32_t>(ctx.features().subgroup_size, 1), cols, split_k ? 4u : 1u, p.dtypes, p.flags});
 }
 
 // C row r = A row r / a_div times W[ids[r]]ᵀ of a stacked weight W [E, P, K] (with `act`, act(gate) * up of the
@@ -248,7 +248,7 @@ bool record_gemv_by_id(const Tensor& a, const Tensor& w, const Tensor& ids, int6
   const uint64_t groups = (columns + cols - 1) / cols, row = std::min<uint64_t>(groups, 65535);
   ctx.dispatch(variant(ctx, "matmul_gemv_r1"), {in(a), in(w), out(c), in(a), in(w), in(a), in(ids)}, p,
                Groups{uint32_t(row), uint32_t((groups + row - 1) / row), uint32_t(R)},
-               {4 * std::max<uint32_t>(ctx.features().subgroup_size, 1), cols, 1u});
+               {4 * std::max<uint32_t>(ctx.features().subgroup_size, 1), cols, 1u, p.dtypes, p.flags});
   return true;
 }
 

@@ -55,7 +55,7 @@ void rms_norm_rows(const Tensor& x_in, const Tensor& w_in, const Tensor& y, cons
   if (p.vec && p.c % 8 == 0 && p.x_off % 8 == 0 && p.w_off % 8 == 0 && p.y_off % 8 == 0 && dtype_size(x.dtype()) == 2)
     p.vec = 2;  // 16-byte loads
   ctx.dispatch(variant(ctx, "rms_norm"), {in(x), in(w), out(y), out(rstd)}, p,
-               {std::min<uint32_t>(p.rows, 65535), 1, 1}, {row_group_size(c)});
+               {std::min<uint32_t>(p.rows, 65535), 1, 1}, {row_group_size(c), p.dtypes, p.vec});
 }
 
 void rms_norm_grad_rows(const Tensor& x_in, const Tensor& w_in, const Tensor& rstd_in, const Tensor& g_in,
@@ -195,7 +195,7 @@ void RopeAppend::eval_vulkan(const std::vector<Tensor>& inputs, std::vector<Tens
   const uint64_t units = uint64_t(p.rot_units) + p.copy_units;
   u32(int64_t(units), "rope units");
   ctx.dispatch(variant(ctx, "rope_append"), {in(qk), in(pos), in(freq), out(q), out(k_slots), in(v), out(v_slots)},
-               p, groups_1d(units, 256), {256});
+               p, groups_1d(units, 256), {256, p.dtypes});
 }
 
 void Dropout::eval_vulkan(const std::vector<Tensor>& in, std::vector<Tensor>& out) {

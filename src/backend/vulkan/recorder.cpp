@@ -90,6 +90,8 @@ Recorder::~Recorder() {
     vkDestroyCommandPool(d, s.pool, nullptr);
   }
   destroy_host_buffer(readback_);
+  for (auto& r : later_) destroy_host_buffer(r.host);
+  for (auto& h : spare_later_) destroy_host_buffer(h);
 }
 
 HostBuffer Recorder::make_host_buffer(VkDeviceSize size, bool readback) {
@@ -354,6 +356,37 @@ void Recorder::read(DeviceBuffer& src, size_t offset, void* dst, size_t bytes) {
     offset += chunk;
     bytes -= chunk;
   }
+}
+
+uint64_t Recorder::read_later(DeviceBuffer& src, size_t offset, size_t bytes) {
+  HostBuffer h;
+  for (auto it = spare_later_.begin(); it != spare_later_.end(); ++it)
+    if (it->size >= bytes) {
+      h = *it;
+      spare_later_.erase(it);
+      break;
+    }
+  if (!h.buffer) h = make_host_buffer(std::max<VkDeviceSize>(bytes, 256), true);
+  const Allocation& a = src.allocation();
+  Slot& s = begin();
+  track({{a.buffer, a.offset, a.size, false}});
+  if (bytes) {
+    VkBufferCopy region{a.offset + offset, 0, bytes};
+    vkCmdCopyBuffer(s.cb, a.buffer, h.buffer, 1, &region);
+  }
+  src.last_use = s.serial;
+  later_.push_back({++later_tickets_, s.serial, h, bytes});
+  flush();
+  return later_tickets_;
+}
+
+void Recorder::take_read(uint64_t ticket, void* dst, size_t bytes) {
+  auto it = std::find_if(later_.begin(), later_.end(), [&](const LaterRead& r) { return r.ticket == ticket; });
+  if (it == later_.end()) throw DeviceError(ctx_.name() + ": no pending read " + std::to_string(ticket));
+  wait(it->serial);
+  std::memcpy(dst, it->host.mapped, std::min(bytes, it->bytes));
+  spare_later_.push_back(it->host);
+  later_.erase(it);
 }
 
 void Recorder::flush() {

@@ -47,6 +47,10 @@ class Recorder {
   void fill(const Binding& b, uint32_t value);
   void write(DeviceBuffer& dst, size_t offset, const void* src, size_t bytes);
   void read(DeviceBuffer& src, size_t offset, void* dst, size_t bytes);
+  // Backend::read_later / take_read: the copy into a host buffer of its own is recorded now and its batch
+  // submitted; take_read waits for that batch only.
+  uint64_t read_later(DeviceBuffer& src, size_t offset, size_t bytes);
+  void take_read(uint64_t ticket, void* dst, size_t bytes);
 
   // Submits the open batch, if any.
   void flush();
@@ -105,6 +109,14 @@ class Recorder {
   uint32_t batch_limit_ = kFirstBatch;  // dispatches that submit the open batch
   std::vector<Access> accesses_;  // since the last barrier in the open batch
   HostBuffer readback_;
+  struct LaterRead {
+    uint64_t ticket, serial;
+    HostBuffer host;
+    size_t bytes;
+  };
+  std::vector<LaterRead> later_;      // read_later's copies not yet taken
+  std::vector<HostBuffer> spare_later_;  // their host buffers, for reuse
+  uint64_t later_tickets_ = 0;
   uint64_t submissions_ = 0, barriers_ = 0, dispatches_ = 0;
   double timestamp_ns_ = 1;
   uint64_t timestamp_mask_ = ~0ull;

@@ -14,8 +14,14 @@ struct ReducePush {
   uint32_t n, axis_stride, rows;
   uint32_t oshape[3], xs[3], ys[3];
   uint32_t x_off, y_off, dtypes, op, mode, vec;
+  uint32_t chunk, chunks;  // modes 2 and 3 (the max or argmax of few long rows in two dispatches)
 };
 static_assert(sizeof(ReducePush) <= 128);
+
+// The max or argmax of few long rows (a decode step's logits) in two dispatches: stretches of kStretch elements
+// of every row on workgroups of their own, then each row's best stretch. One workgroup per row walked Qwen's
+// 151,936 logits alone: 224 us of a 3.9 ms decode step on an H200.
+constexpr uint32_t kStretch = 4096, kStretchFromN = 4 * kStretch, kStretchMaxRows = 512;
 
 struct TopKPush {
   uint32_t n, x_stride, rows;
@@ -67,9 +73,23 @@ void reduce_axis(const Tensor& x_in, const Tensor& y, int axis, ReduceOp op) {
   p.mode = p.n <= 32 || (p.axis_stride != 1 && p.rows >= 4096) ? 1 : 0;
   p.vec = p.mode == 0 && p.axis_stride == 1 && p.n % 4 == 0 && p.x_off % 4 == 0 && p.xs[0] % 4 == 0 &&
           p.xs[1] % 4 == 0 && p.xs[2] % 4 == 0;
+  const bool stretches = p.mode == 0 && (op == ReduceOp::max || op == ReduceOp::argmax) && p.n >= kStretchFromN &&
+                         p.n < (1u << 24) && p.rows <= kStretchMaxRows;
+  if (stretches) {
+    p.chunk = kStretch;
+    p.chunks = (p.n + kStretch - 1) / kStretch;
+    Tensor best = Tensor::empty({int64_t(p.rows), int64_t(p.chunks)}, DType::f32, y.device());
+    Tensor where = Tensor::empty({int64_t(p.rows), int64_t(p.chunks)}, DType::f32, y.device());
+    p.mode = 2;
+    ctx.dispatch(variant(ctx, "reduce"), {in(x), out(y), out(best), out(where)}, p, {p.chunks, p.rows, 1}, {256});
+    p.mode = 3;
+    ctx.dispatch(variant(ctx, "reduce"), {in(x), out(y), in(best), in(where)}, p,
+                 {std::min<uint32_t>(p.rows, 65535), 1, 1}, {row_group_size(p.chunks)});
+    return;
+  }
   uint32_t wg = p.mode == 1 ? 64 : row_group_size(p.n);
   Groups g = p.mode == 0 ? Groups{std::min<uint32_t>(p.rows, 65535), 1, 1} : groups_1d(p.rows, wg);
-  ctx.dispatch(variant(ctx, "reduce"), {in(x), out(y)}, p, g, {wg});
+  ctx.dispatch(variant(ctx, "reduce"), {in(x), out(y), in(x), out(y)}, p, g, {wg});
 }
 
 void topk_rows(const Tensor& x, const Tensor& values, const Tensor& indices, int k) {
