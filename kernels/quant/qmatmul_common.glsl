@@ -24,12 +24,25 @@ layout(push_constant) uniform QMatmulParams {
 #define QFLAG_X_VEC 2u  // X's offset and row stride are multiples of 8 (16-byte loads of 8 elements)
 #define QFLAG_ADD 4u    // C = ... + D
 
-uint x_dtype() { return pc.dtypes & 15u; }
-uint c_dtype() { return (pc.dtypes >> 8) & 15u; }
+#ifdef QSPEC
+// The dtypes and flags as specialization constants 2 and 3 (the host passes the push constants' values): a
+// pipeline per combination, compiled without the dtype switches and the paths it does not take (qmatmul_gemv,
+// whose decode steps are bound by their code's length as much as by their bytes).
+layout(constant_id = 2) const uint QDTYPES = 0u;
+layout(constant_id = 3) const uint QFLAGS = 0u;
+uint q_dtypes() { return QDTYPES; }
+uint q_flags() { return QFLAGS; }
+#else
+uint q_dtypes() { return pc.dtypes; }
+uint q_flags() { return pc.flags; }
+#endif
+
+uint x_dtype() { return q_dtypes() & 15u; }
+uint c_dtype() { return (q_dtypes() >> 8) & 15u; }
 
 // Element (m, n) of the result: the product's sum v, plus D's element with QFLAG_ADD, stored in C's dtype.
 void store_result(uint m, uint n, float v) {
-  if ((pc.flags & QFLAG_ADD) != 0u) v += D_ld((pc.dtypes >> 16) & 15u, pc.d_off + m * pc.N + n);
+  if ((q_flags() & QFLAG_ADD) != 0u) v += D_ld((q_dtypes() >> 16) & 15u, pc.d_off + m * pc.N + n);
   C_st(c_dtype(), pc.c_off + m * pc.N + n, v);
 }
 

@@ -16,13 +16,14 @@ TENSOR4(0, X)
 layout(std430, set = 0, binding = 1) readonly buffer QBuf { uint qw[]; };
 TENSOR(2, C)
 TENSOR(3, D)
+#define QSPEC
 #include "quant/qmatmul_common.glsl"
 
 const uint MAXR = 4u;  // the most rows the host sends (kQGemvMaxRows)
 
 void x_group(uint r, uint k, out vec4 lo, out vec4 hi) {
   const uint xdt = x_dtype(), e = pc.x_off + r * pc.x_rs + k;
-  if ((pc.flags & QFLAG_X_VEC) != 0u) {
+  if ((q_flags() & QFLAG_X_VEC) != 0u) {
     X_ld8(xdt, e, lo, hi);
     return;
   }

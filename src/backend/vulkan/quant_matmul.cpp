@@ -197,7 +197,7 @@ void QuantizedMatmul::eval_vulkan(const std::vector<Tensor>& in, std::vector<Ten
     // each takes 64 rows of W (as matmul_gemv).
     const uint32_t cols = ctx.properties().deviceType == VK_PHYSICAL_DEVICE_TYPE_CPU ? 64 : 4;
     ctx.dispatch(plan.kernel, bindings, p, vk::Groups{vk::ceil_div(plan.N, cols), 1, 1},
-                 {4 * std::max<uint32_t>(ctx.features().subgroup_size, 1), cols});
+                 {4 * std::max<uint32_t>(ctx.features().subgroup_size, 1), cols, p.dtypes, p.flags});
     return;
   }
   const uint32_t gy = vk::ceil_div(plan.M, plan.bm);
