@@ -6,11 +6,13 @@
 #include <cstdint>
 #include <cstring>
 #include <memory>
+#include <string>
 #include <utility>
 #include <vector>
 
 #include "core/device.h"
 #include "core/dtype.h"
+#include "core/error.h"
 
 namespace lmtune {
 
@@ -51,12 +53,10 @@ class Backend {
     return tickets_;
   }
   virtual void take_read(uint64_t ticket, void* dst, size_t bytes) {
-    for (auto it = stash_.begin(); it != stash_.end(); ++it)
-      if (it->first == ticket) {
-        std::memcpy(dst, it->second.data(), std::min(bytes, it->second.size()));
-        stash_.erase(it);
-        return;
-      }
+    auto it = std::find_if(stash_.begin(), stash_.end(), [&](const auto& s) { return s.first == ticket; });
+    if (it == stash_.end()) throw DeviceError("no pending read " + std::to_string(ticket));
+    std::memcpy(dst, it->second.data(), std::min(bytes, it->second.size()));
+    stash_.erase(it);
   }
   // Bytes held by live tensors now, and the most held since the last reset_peak().
   virtual size_t bytes_in_use() const = 0;

@@ -111,11 +111,15 @@ Session::~Session() {
   }
 }
 
-void Session::drop_pending() {
-  if (!pending_.defined()) return;
-  std::vector<int32_t> unused(size_t(pending_.numel()));
-  backend(pending_.device()).take_read(pending_read_, unused.data(), unused.size() * sizeof(int32_t));
+std::vector<int32_t> Session::take_pending() {
+  std::vector<int32_t> ids(size_t(pending_.numel()));
+  backend(pending_.device()).take_read(pending_read_, ids.data(), ids.size() * sizeof(int32_t));
   pending_ = Tensor();
+  return ids;
+}
+
+void Session::drop_pending() {
+  if (pending_.defined()) take_pending();
 }
 
 int64_t Session::running() const {
@@ -280,10 +284,7 @@ bool Session::pipelines() const {
 }
 
 void Session::accept_pending() {
-  std::vector<int32_t> chosen(rows_.size());
-  // Waits for that step only, not for the one recorded since.
-  backend(pending_.device()).take_read(pending_read_, chosen.data(), chosen.size() * sizeof(int32_t));
-  pending_ = Tensor();
+  const std::vector<int32_t> chosen = take_pending();
   for (size_t b = 0; b < rows_.size(); ++b) {
     Sequence* s = rows_[b];
     if (s->finished()) continue;

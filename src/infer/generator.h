@@ -149,8 +149,9 @@ class Session {
                       bool ids_on_device = false);  // -> logits [B, V]
   bool pipelines() const;  // whether step() records ahead (above)
   int64_t step_pipelined();
-  void accept_pending();  // reads the recorded step's argmax and accepts each running row's token
-  void drop_pending();    // takes the recorded step's read and ignores it
+  std::vector<int32_t> take_pending();  // the recorded step's argmax, read (waiting for that step only)
+  void accept_pending();                // takes it and accepts each running row's token
+  void drop_pending();                  // takes it, if any, and ignores it
 
   const models::Decoder& decoder_;
   int64_t max_batch_;
