@@ -193,6 +193,9 @@ def main():
         except subprocess.TimeoutExpired:
             proc.kill()
             _, err = proc.communicate()
+    # SIGTERM is a clean stop (exit 0), whatever thread of the server the signal reaches.
+    if proc.returncode != 0:
+        failures.append(f"the server exited with {proc.returncode} on SIGTERM, not 0 (a clean stop)")
     # A step in an earlier round is the allocator settling (a new arena when a round's requests contend more);
     # a leak shows as growth in the last round too, and as growth over the whole soak.
     last = rounds[-1]["rss_mib"]

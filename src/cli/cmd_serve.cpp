@@ -1,16 +1,19 @@
 // `lmtune serve --model DIR --adapter NAME=DIR ...`: the OpenAI-compatible server (src/serve/). Runs until
-// SIGINT or SIGTERM, which a watcher thread turns into a clean stop.
+// SIGINT or SIGTERM, which a watcher thread turns into a clean stop: the signal handler only writes the signal's
+// number into a pipe that the watcher reads. (Blocking the signals for sigwait is not enough: libraries start
+// threads before main, OpenBLAS's pool among them, and a signal delivered to one of those killed the process.)
 #include <CLI/CLI.hpp>
 #include <spdlog/spdlog.h>
 
+#include <unistd.h>
+
+#include <cerrno>
 #include <csignal>
 #include <cstdlib>
 #include <memory>
-#include <pthread.h>
 #include <thread>
 
 #include "cli/commands.h"
-#include "cli/infer_options.h"
 #include "cli/infer_options.h"
 #include "core/error.h"
 #include "serve/server.h"
@@ -27,6 +30,36 @@ struct ServeArgs {
   int max_n = 4, default_max_tokens = 256;
 };
 
+// The write end of the stop pipe, for the signal handler (write() is async-signal-safe).
+int g_stop_fd = -1;
+extern "C" void on_stop_signal(int sig) {
+  const int saved = errno;
+  const unsigned char b = static_cast<unsigned char>(sig);
+  if (g_stop_fd >= 0) (void)!write(g_stop_fd, &b, 1);
+  errno = saved;
+}
+
+// Installs the handlers for SIGINT and SIGTERM (also where a shell started the server with SIGINT ignored) and
+// returns the pipe's read end.
+int install_stop_signals() {
+  int fds[2];
+  if (pipe(fds) != 0) throw Error("serve: cannot create the signal pipe");
+  g_stop_fd = fds[1];
+  struct sigaction sa {};
+  sa.sa_handler = on_stop_signal;
+  sigemptyset(&sa.sa_mask);
+  sa.sa_flags = SA_RESTART;
+  sigaction(SIGINT, &sa, nullptr);
+  sigaction(SIGTERM, &sa, nullptr);
+  return fds[0];
+}
+
+// Byte 0 in the pipe: the server stopped on its own (the watcher just exits).
+void wake_watcher() {
+  const unsigned char b = 0;
+  (void)!write(g_stop_fd, &b, 1);
+}
+
 void run_serve(const std::string& device, ServeArgs a) {
   apply_device_option(device);
   if (a.options.api_key.empty())
@@ -41,13 +74,7 @@ void run_serve(const std::string& device, ServeArgs a) {
   DType weights = parse_dtype(a.dtype), compute = parse_dtype(a.compute_dtype);
   if (!is_float(weights) || !is_float(compute)) throw ConfigError("--dtype / --compute-dtype must be f32, f16 or bf16");
 
-  // Signals go to the watcher thread only (blocked here, before any other thread starts).
-  sigset_t signals;
-  sigemptyset(&signals);
-  sigaddset(&signals, SIGINT);
-  sigaddset(&signals, SIGTERM);
-  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
-
+  const int stop_fd = install_stop_signals();
   std::unique_ptr<serve::ServedModel> model =
       serve::load_served_model(a.model, adapters, weights, compute, quantize_option(a.quantize));
   serve::Server server(*model, a.options);
@@ -57,14 +84,17 @@ void run_serve(const std::string& device, ServeArgs a) {
   spdlog::info("serving {} on http://{}:{}/v1 (models: {}; batch {}, queue {}{})", a.model, a.options.host, port,
                names, a.options.max_batch, a.options.queue, a.options.api_key.empty() ? "" : ", API key required");
   std::thread watcher([&] {
-    int sig = 0;
-    sigwait(&signals, &sig);
-    spdlog::info("signal {}: stopping", sig);
-    server.stop();
+    unsigned char sig = 0;
+    ssize_t n;
+    while ((n = read(stop_fd, &sig, 1)) < 0 && errno == EINTR) {
+    }
+    if (n == 1 && sig != 0) {
+      spdlog::info("signal {}: stopping", int(sig));
+      server.stop();
+    }
   });
   server.run();
-  // run() also returns when the server stops on its own: wake the watcher so that it can be joined.
-  pthread_kill(watcher.native_handle(), SIGTERM);
+  wake_watcher();  // run() also returns when the server stops on its own
   watcher.join();
 }
 
