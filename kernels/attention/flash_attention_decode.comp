@@ -8,7 +8,7 @@
 //   scores   one key per invocation: its whole K row (DMAX / 8 loads), then its score for every row;
 //   softmax  the online softmax's row maxima and sums from 8 invocations per row (shared memory);
 //   P V      invocation (key slice, 8 head dims): the slice's keys of the tile, 8 dims each, into registers
-//            o[row][8]; the slices' sums meet once, after the last tile.
+//            o[row][8]; the slices' sums meet once, after the last tile, in a tree.
 // Needs D, the offsets and strides of q, k, v in multiples of 8 (the host checks). A row's sums live in registers
 // (8 x MAXROWS per invocation), so more rows take more row blocks, not a wider kernel.
 #define FLASH_WG 128
@@ -23,7 +23,10 @@ const uint SLICES = WG / DG;      // key slices of the P V product
 const uint KCHUNK = 8u;           // K loads in flight per invocation at a time
 const uint PV_UNROLL = 4u;        // V loads in flight per invocation at a time
 
-shared float qo_s[MAXROWS][DMAX];  // q during the tiles, then the slices' sums of O
+// q during the tiles (slot 0), then the slices' sums of O: a tree over the slices, half of those left at each
+// level writing their sums for the other half to add (a serial merge cost a barrier per slice: 16 at DMAX 64).
+const uint MERGE_SLOTS = SLICES > 1u ? SLICES / 2u : 1u;
+shared float qo_s[MERGE_SLOTS][MAXROWS][DMAX];
 shared float p_s[MAXROWS][KT];
 shared float red_s[MAXROWS][PARTS];
 shared float m_s[MAXROWS], l_s[MAXROWS], alpha_s[MAXROWS];
@@ -60,7 +63,7 @@ void main() {
 
   for (uint i = tid; i < rows * DMAX; i += WG) {  // zeros past D: the score loop reads whole 8-element groups
     const uint r = i / DMAX, d = i % DMAX, row = r0 + r;
-    qo_s[r][d] = d < p.D ? Q_ld(dt(0), q_at(b, row / G, kv * G + row % G, d)) : 0.0;
+    qo_s[0][r][d] = d < p.D ? Q_ld(dt(0), q_at(b, row / G, kv * G + row % G, d)) : 0.0;
   }
   if (tid < MAXROWS) {
     m_s[tid] = NEG_INF;
@@ -94,8 +97,8 @@ void main() {
           const uint d = 8u * (c0 + u);  // past D: k is 0
           [[unroll]] for (uint r = 0u; r < MAXROWS; ++r) {
             if (r >= rows) break;
-            s[r] += dot(lo[u], vec4(qo_s[r][d], qo_s[r][d + 1u], qo_s[r][d + 2u], qo_s[r][d + 3u])) +
-                    dot(hi[u], vec4(qo_s[r][d + 4u], qo_s[r][d + 5u], qo_s[r][d + 6u], qo_s[r][d + 7u]));
+            s[r] += dot(lo[u], vec4(qo_s[0][r][d], qo_s[0][r][d + 1u], qo_s[0][r][d + 2u], qo_s[0][r][d + 3u])) +
+                    dot(hi[u], vec4(qo_s[0][r][d + 4u], qo_s[0][r][d + 5u], qo_s[0][r][d + 6u], qo_s[0][r][d + 7u]));
           }
         }
       }
@@ -141,25 +144,46 @@ void main() {
     row_reduce(tid, rows, true);  // its first barrier also ends this tile's reads of p_s
   }
 
-  // The slices' sums into qo_s, one slice after another (q is no longer read).
-  for (uint sl = 0u; sl < SLICES; ++sl) {
-    if (slice == sl) {
+  // The slices' sums: at each level the upper half of the slices left writes, the lower half adds (q is no longer
+  // read); slice 0 ends with the total and leaves it in slot 0.
+  for (uint h = MERGE_SLOTS; h >= 1u && SLICES > 1u; h /= 2u) {
+    if (slice >= h && slice < 2u * h) {
       [[unroll]] for (uint r = 0u; r < MAXROWS; ++r) {
         if (r >= rows) break;
         [[unroll]] for (uint e = 0u; e < 4u; ++e) {
-          qo_s[r][d8 + e] = (sl == 0u ? 0.0 : qo_s[r][d8 + e]) + o_lo[r][e];
-          qo_s[r][d8 + 4u + e] = (sl == 0u ? 0.0 : qo_s[r][d8 + 4u + e]) + o_hi[r][e];
+          qo_s[slice - h][r][d8 + e] = o_lo[r][e];
+          qo_s[slice - h][r][d8 + 4u + e] = o_hi[r][e];
+        }
+      }
+    }
+    barrier();
+    if (slice < h) {
+      [[unroll]] for (uint r = 0u; r < MAXROWS; ++r) {
+        if (r >= rows) break;
+        [[unroll]] for (uint e = 0u; e < 4u; ++e) {
+          o_lo[r][e] += qo_s[slice][r][d8 + e];
+          o_hi[r][e] += qo_s[slice][r][d8 + 4u + e];
         }
       }
     }
     barrier();
   }
+  if (slice == 0u) {
+    [[unroll]] for (uint r = 0u; r < MAXROWS; ++r) {
+      if (r >= rows) break;
+      [[unroll]] for (uint e = 0u; e < 4u; ++e) {
+        qo_s[0][r][d8 + e] = o_lo[r][e];
+        qo_s[0][r][d8 + 4u + e] = o_hi[r][e];
+      }
+    }
+  }
+  barrier();
   const uint y_base = p.y_off + split * batches * p.T * p.H * p.D;
   const uint lse_base = p.lse_off + split * batches * p.H * p.T;
   for (uint i = tid; i < rows * p.D; i += WG) {
     const uint r = i / p.D, d = i % p.D, row = r0 + r;
     const float l = l_s[r], inv = l > 0.0 ? 1.0 / l : 0.0;  // a row that saw no key outputs 0
-    Y_st(dt(4), y_base + bth(b, row / G, kv * G + row % G, p.H, p.T) + d, qo_s[r][d] * inv);
+    Y_st(dt(4), y_base + bth(b, row / G, kv * G + row % G, p.H, p.T) + d, qo_s[0][r][d] * inv);
   }
   if (tid < rows) {
     const float l = l_s[tid];
