@@ -800,8 +800,18 @@ Tensor Decoder::per_layer_inputs(const Tensor& ids, const Tensor& embedded) cons
 }
 
 Tensor Decoder::logits(const Tensor& hidden) const {
-  // Widening the hidden states (not the [N, V] product) gives f32 logits without rounding them to bf16.
-  Tensor y = ops::linear(ops::cast(hidden, DType::f32), weights_.lm_head);
+  // f32 logits, not rounded to bf16. 16-bit hidden states and weights go into the product as they are, which
+  // accumulates and writes in f32: the same numbers as widening the hidden states first (exact), but an f32 operand
+  // would take the exact scalar kernel instead of the tensor cores (1.8 ms per step for 32 rows of Qwen2.5-0.5B).
+  const Tensor& w = weights_.lm_head;
+  Tensor y;
+  if (hidden.dtype() != DType::f32 && hidden.dtype() == w.dtype() && hidden.ndim() >= 1) {
+    Shape out = hidden.shape();
+    out.back() = w.dim(0);
+    y = ops::reshape(ops::matmul(ops::reshape(hidden, {-1, hidden.dim(-1)}), ops::transpose(w), DType::f32), out);
+  } else {
+    y = ops::linear(ops::cast(hidden, DType::f32), w);
+  }
   if (config_.final_logit_softcapping > 0) y = softcap(y, config_.final_logit_softcapping);
   return y;
 }

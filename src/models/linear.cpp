@@ -62,6 +62,12 @@ constexpr int64_t kFewRows = 8;
 
 Tensor rows_of(const Tensor& t) { return ops::reshape(t, {-1, t.dim(-1)}); }
 
+// Rows x2 [rows, in] of a prompt in a 16-bit dtype: products with an adapter's factors then take them cast to
+// f16 (tensor-core kernels) rather than as stored (f32: the exact scalar kernel).
+bool many_half_rows(const Tensor& x2) {
+  return (x2.dtype() == DType::f16 || x2.dtype() == DType::bf16) && x2.dim(0) > kFewRows;
+}
+
 // s x Aᵀ [tokens, R] in f32, the scale in the product: in inference the factor is read in its stored dtype (a
 // cast of A per token costs a dispatch and as many bytes as the product reads).
 Tensor lora_down(const LoraAdapter& a, const Tensor& x2) {
@@ -75,7 +81,13 @@ Tensor lora_delta(const LoraAdapter& a, const Tensor& x) {
   if (inference(x, Tensor(), &a)) {
     Shape out = x.shape();
     out.back() = a.B.dim(0);
-    return ops::reshape(ops::matmul(lora_down(a, rows_of(x)), ops::transpose(a.B), x.dtype()), out);
+    const Tensor x2 = rows_of(x);
+    // Many 16-bit rows (a prompt): f16 factors for the tensor-core kernels, as Linear::fused takes them.
+    if (many_half_rows(x2)) {
+      const Tensor down = ops::matmul(x2, ops::transpose(ops::cast(a.A, DType::f16)), DType::f16, a.scale);
+      return ops::reshape(ops::matmul(down, ops::transpose(ops::cast(a.B, DType::f16)), x.dtype()), out);
+    }
+    return ops::reshape(ops::matmul(lora_down(a, x2), ops::transpose(a.B), x.dtype()), out);
   }
   Tensor in = dropout_on(a) ? ops::dropout(x, a.dropout, dropout_key(a.dropout_key)) : x;
   Tensor down = factor_product(in, a.A);
@@ -104,8 +116,7 @@ Tensor Linear::fused(const Tensor& x, const LoraAdapter* a, const Tensor& residu
     // Many 16-bit rows (a prompt): f16 factors, which the tensor-core kernels take as more K tiles of the product
     // (as lora_linear's); a few rows (decode) read the factors as stored, where casts would cost a dispatch each
     // and as many bytes as the product reads.
-    const bool half = x.dtype() == DType::f16 || x.dtype() == DType::bf16;
-    const bool tiles = half && x2.dim(0) > kFewRows;
+    const bool tiles = many_half_rows(x2);
     const Tensor down = tiles ? ops::matmul(x2, ops::transpose(ops::cast(a->A, DType::f16)), DType::f16, a->scale)
                               : lora_down(*a, x2);
     const Tensor bt = ops::transpose(tiles ? ops::cast(a->B, DType::f16) : a->B);
@@ -123,12 +134,16 @@ Tensor Linear::fused(const Tensor& x, const LoraAdapter* a, const Tensor& residu
 Tensor Linear::add_to(const Tensor& residual, const Tensor& x, const RowAdapters* rows) const {
   Shape out = x.shape();
   out.back() = out_features();
-  // Rows given but no group: the base product alone; no rows: every adapter.
-  if ((!rows || rows->groups.empty()) && !qweight.defined() && residual.shape() == out &&
-      residual.dtype() == x.dtype()) {
-    const LoraAdapter* a = rows || adapters.empty() ? nullptr : &adapters[0];
-    if ((rows || adapters.size() <= 1) && inference(x, weight, a) && unrecorded({&residual}))
-      return fused(x, a, residual);
+  if (!qweight.defined() && residual.shape() == out && residual.dtype() == x.dtype() && unrecorded({&residual})) {
+    if (!rows) {  // every adapter
+      const LoraAdapter* a = adapters.empty() ? nullptr : &adapters[0];
+      if (adapters.size() <= 1 && inference(x, weight, a)) return fused(x, a, residual);
+    } else if (inference(x, weight, nullptr)) {
+      // No group names an adapter of this layer: the base product alone; else each row's delta by id after it.
+      if (!named_in(*rows)) return fused(x, nullptr, residual);
+      if (Tensor delta = by_row_ids_delta(x, *rows, false); delta.defined())
+        return ops::add(fused(x, nullptr, residual), delta);
+    }
   }
   return ops::add(residual, (*this)(x, rows));
 }
@@ -189,7 +204,19 @@ const Linear::AdapterStack& Linear::adapter_stack() const {
   return *stack_;
 }
 
+bool Linear::named_in(const RowAdapters& rows) const {
+  for (const RowAdapters::Group& g : rows.groups)
+    for (const LoraAdapter& a : adapters)
+      if (a.name == g.name && g.begin < g.end) return true;
+  return false;
+}
+
 Tensor Linear::by_row_ids(const Tensor& x, const RowAdapters& rows) const {
+  const Tensor delta = by_row_ids_delta(x, rows, false);
+  return delta.defined() ? ops::add(base(x), delta) : Tensor();
+}
+
+Tensor Linear::by_row_ids_delta(const Tensor& x, const RowAdapters& rows, bool whole_batch) const {
   const int64_t B = x.dim(0), per_row = x.numel() / std::max<int64_t>(B, 1) / in_features();
   if (B * per_row > kByIdRows || adapters.empty() || !unrecorded({&x, &weight})) return Tensor();
   // Each batch row's slot in the stack: its group's adapter, or the zero slot.
@@ -210,16 +237,22 @@ Tensor Linear::by_row_ids(const Tensor& x, const RowAdapters& rows) const {
     covers_all = g.begin == 0 && g.end == B;
   }
   // No adapter here, or one for the whole batch: the base product or the fused one does better.
-  if (groups == 0 || (groups == 1 && covers_all)) return Tensor();
-  std::vector<int32_t> ids(static_cast<size_t>(B * per_row));
-  for (size_t i = 0; i < ids.size(); ++i) ids[i] = slot_of_row[i / size_t(per_row)];
+  if (groups == 0 || (groups == 1 && covers_all && !whole_batch)) return Tensor();
+  std::string key = std::to_string(B) + "x" + std::to_string(per_row);
+  for (const LoraAdapter& a : adapters) key += "/" + a.name;
+  Tensor& id = rows.slot_ids[key];
+  if (!id.defined() || id.device() != x.device()) {
+    std::vector<int32_t> ids(static_cast<size_t>(B * per_row));
+    for (size_t i = 0; i < ids.size(); ++i) ids[i] = slot_of_row[i / size_t(per_row)];
+    id = Tensor::from_ints(ids, {B * per_row}, x.device());
+  }
   const AdapterStack& st = adapter_stack();
-  const Tensor id = Tensor::from_ints(ids, {B * per_row}, x.device()), x2 = rows_of(x);
+  const Tensor x2 = rows_of(x);
   const Tensor down = ops::matmul_by_id(x2, st.a, id, 1, std::nullopt, DType::f32);  // s x Aᵀ [rows, R]
   const Tensor delta = ops::matmul_by_id(down, st.b, id, 1, std::nullopt, x.dtype());
   Shape out = x.shape();
   out.back() = out_features();
-  return ops::add(base(x), ops::reshape(delta, out));
+  return ops::reshape(delta, out);
 }
 
 Tensor Linear::operator()(const Tensor& x, const RowAdapters* rows) const {
@@ -350,30 +383,45 @@ bool LinearGroup::fused_adapter(const std::vector<const Linear*>& parts, const L
 
 bool LinearGroup::applies(const std::vector<const Linear*>& parts, const Tensor& x, const RowAdapters* rows,
                           const LoraAdapter*& a) const {
-  // Rows given without groups: the base products alone (as Linear's); no rows: the parts' adapters.
+  // Rows given: the base products, each part's deltas by id apart; no rows: the parts' adapters fused.
   a = nullptr;
-  return defined() && parts.size() == outs_.size() && x.numel() <= kRows * x.dim(-1) &&
-         (!rows || rows->groups.empty()) && inference(x, weight_, nullptr) && (rows || fused_adapter(parts, a)) &&
-         (!a || inference(x, weight_, a));
+  if (!defined() || parts.size() != outs_.size() || !inference(x, weight_, nullptr)) return false;
+  if (rows) return x.numel() <= Linear::kByIdRows * x.dim(-1);
+  return x.numel() <= kRows * x.dim(-1) && fused_adapter(parts, a) && (!a || inference(x, weight_, a));
+}
+
+bool LinearGroup::row_deltas(const std::vector<const Linear*>& parts, const Tensor& x, const RowAdapters* rows,
+                             std::vector<Tensor>& deltas) {
+  deltas.assign(parts.size(), Tensor());
+  if (!rows) return true;
+  for (size_t i = 0; i < parts.size(); ++i) {
+    if (!parts[i]->named_in(*rows)) continue;
+    deltas[i] = parts[i]->by_row_ids_delta(x, *rows, true);
+    if (!deltas[i].defined()) return false;
+  }
+  return true;
 }
 
 std::vector<Tensor> LinearGroup::operator()(const std::vector<const Linear*>& parts, const Tensor& x,
                                             const RowAdapters* rows, Tensor* whole) const {
   const LoraAdapter* a = nullptr;
-  std::vector<Tensor> out;
+  std::vector<Tensor> out, deltas;
   if (whole) *whole = Tensor();
-  if (!applies(parts, x, rows, a)) {
+  if (!applies(parts, x, rows, a) || !row_deltas(parts, x, rows, deltas)) {
     for (const Linear* p : parts) out.push_back((*p)(x, rows));
     return out;
   }
   Linear group(weight_, bias_);
   const Tensor y = a ? group.fused(x, a, Tensor()) : group(x);
-  if (whole) *whole = y;
+  bool added = false;
   int64_t col = 0;
-  for (int64_t n : outs_) {
-    out.push_back(ops::slice(y, -1, col, col + n));
-    col += n;
+  for (size_t i = 0; i < outs_.size(); ++i) {
+    const Tensor part = ops::slice(y, -1, col, col + outs_[i]);
+    out.push_back(deltas[i].defined() ? ops::add(part, deltas[i]) : part);
+    added |= deltas[i].defined();
+    col += outs_[i];
   }
+  if (whole && !added) *whole = y;
   return out;
 }
 
@@ -381,6 +429,7 @@ Tensor LinearGroup::gated(const Linear& gate, const Linear& up, const Tensor& x,
                           const RowAdapters* rows) const {
   const LoraAdapter* a = nullptr;
   if (outs_.size() != 2 || outs_[0] != outs_[1] || !applies({&gate, &up}, x, rows, a)) return Tensor();
+  if (rows && (gate.named_in(*rows) || up.named_in(*rows))) return Tensor();  // deltas before the activation
   // The operands Linear::fused gives the product (the adapter's x Aᵀ read as stored, scale folded in).
   const Tensor x2 = rows_of(x), down = a ? lora_down(*a, x2) : Tensor();
   const Tensor y = ops::matmul_gated(x2, ops::transpose(weight_), bias_, down, a ? ops::transpose(a->B) : Tensor(),

@@ -4,6 +4,7 @@
 // Serving batches requests that use different adapters: a RowAdapters then picks one adapter per batch row.
 #pragma once
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -43,6 +44,9 @@ struct RowAdapters {
     int64_t begin = 0, end = 0;
   };
   std::vector<Group> groups;
+  // Linear::by_row_ids' slot of every row on the device, per adapter list, batch and rows per batch entry
+  // (the key): made once while these groups hold, not once per projection and step.
+  mutable std::map<std::string, Tensor> slot_ids;
 };
 
 class Linear {
@@ -92,6 +96,11 @@ class Linear {
   // autodiff, for at most kByIdRows rows: the deltas of every row at once, each row taking its adapter's factors
   // from stacks of them by id (ops::matmul_by_id: two dispatches however many adapters); undefined elsewhere.
   Tensor by_row_ids(const Tensor& x, const RowAdapters& rows) const;
+  // Only the deltas of by_row_ids (undefined where it does not apply); `whole_batch` also takes one group
+  // covering every row (which alone the fused product does better).
+  Tensor by_row_ids_delta(const Tensor& x, const RowAdapters& rows, bool whole_batch) const;
+  // Whether a group of `rows` names one of this layer's adapters.
+  bool named_in(const RowAdapters& rows) const;
   static constexpr int64_t kByIdRows = 64;
 
   // Every adapter's factors stacked for by_row_ids, slot i = adapters[i], the last slot zeros (rows without an
@@ -121,9 +130,12 @@ class LinearGroup {
   explicit LinearGroup(const std::vector<Linear*>& parts);
   bool defined() const { return weight_.defined(); }
   // Each part's output [..., out_i] for x [..., in] (the parts this group was made from, in order): views of one
-  // product where the group applies (at most kRows rows, nothing recorded for autodiff, no per-row adapters, the
-  // parts' adapters fusable), else each part's own product. `whole`, where given, receives that one product
-  // [..., Σout] (undefined where the group does not apply).
+  // product where the group applies, else each part's own product. It applies where nothing is recorded for
+  // autodiff and
+  // - without `rows`, to at most kRows rows whose parts' adapters fuse (decoding);
+  // - with `rows` (serving), to at most Linear::kByIdRows rows: the parts' base products as one, then each part
+  //   with an adapter that a group names adds its rows' deltas by id (Linear::by_row_ids_delta).
+  // `whole`, where given, receives that one product [..., Σout] where no part adds a delta (else undefined).
   std::vector<Tensor> operator()(const std::vector<const Linear*>& parts, const Tensor& x,
                                  const RowAdapters* rows = nullptr, Tensor* whole = nullptr) const;
   // act(gate) * up of a group made of (gate, up), in that order, where it applies: one product with the
@@ -137,6 +149,10 @@ class LinearGroup {
   // Whether one product of the group's weight stands for the parts' on x (setting `a` to their fused adapter).
   bool applies(const std::vector<const Linear*>& parts, const Tensor& x, const RowAdapters* rows,
                const LoraAdapter*& a) const;
+  // Each part's deltas by id for `rows` (undefined for a part whose adapters no group names); false where a part
+  // needs deltas that cannot be taken by id.
+  static bool row_deltas(const std::vector<const Linear*>& parts, const Tensor& x, const RowAdapters* rows,
+                         std::vector<Tensor>& deltas);
   // The parts' adapters as one into `out` (null when no part has one); false when they cannot be fused.
   bool fused_adapter(const std::vector<const Linear*>& parts, const LoraAdapter*& out) const;
 

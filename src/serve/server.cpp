@@ -73,6 +73,8 @@ std::unique_ptr<ServedModel> load_served_model(const std::filesystem::path& mode
     models::attach_peft(decoder.weights(), peft, a.name, a.multiplier);
     names.adapters.push_back(a.name);
   }
+  // q, k, v and gate, up as one product each in decode steps (each row's adapter deltas added by id).
+  models::fuse_projections(decoder.weights());
   return std::make_unique<ServedModel>(std::move(decoder), std::move(tokenizer), std::move(names));
 }
 

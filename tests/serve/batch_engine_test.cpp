@@ -58,9 +58,9 @@ std::vector<int32_t> alone(const Case& c) {
   return seqs[0].generated();
 }
 
-TEST(BatchEngine, StaggeredMixedAdapterRequestsEqualEachAlone) {
+// Joins of one to three requests at a time into a batch of up to 8 rows: each one gives the tokens it gives alone.
+void expect_staggered_requests_equal_each_alone(const models::Decoder& served) {
   const std::vector<Case> cs = cases();
-  models::Decoder served = decoder_with({"alpha", "beta", "gamma"});
   infer::BatchEngine engine(served, 8, /*cache_chunk=*/8);
   std::vector<std::unique_ptr<infer::Sequence>> seqs;
   for (const Case& c : cs) {
@@ -94,6 +94,18 @@ TEST(BatchEngine, StaggeredMixedAdapterRequestsEqualEachAlone) {
     EXPECT_EQ(seqs[i]->generated(), alone(cs[i])) << "case " << i << " adapter '" << cs[i].adapter << "'";
   }
   EXPECT_EQ(engine.cache_bytes(), 0u);  // everything left: the cache holds no rows
+}
+
+TEST(BatchEngine, StaggeredMixedAdapterRequestsEqualEachAlone) {
+  expect_staggered_requests_equal_each_alone(decoder_with({"alpha", "beta", "gamma"}));
+}
+
+// As `lmtune serve` loads it: q, k, v and gate, up as one product each (models::fuse_projections), the rows'
+// deltas by id on the parts that have them.
+TEST(BatchEngine, StaggeredMixedAdapterRequestsEqualEachAloneThroughProjectionGroups) {
+  models::Decoder served = decoder_with({"alpha", "beta", "gamma"});
+  models::fuse_projections(served.weights());
+  expect_staggered_requests_equal_each_alone(served);
 }
 
 // Every decoder family of the fixtures (sliding windows, soft-capping, q/k norms, biases), with two random
