@@ -94,6 +94,107 @@ Tensor lora_delta(const LoraAdapter& a, const Tensor& x) {
   return factor_product(a.scale == 1.0f ? down : ops::scale(down, a.scale), a.B);
 }
 
+// Whether an adapter can be served from a stack: nothing of it trains (no dropout, not recorded for autodiff).
+bool servable(const LoraAdapter& a) { return !dropout_on(a) && unrecorded({&a.A, &a.B}); }
+
+// A layer whose adapters go into a stack, at its first output row (a projection group's part).
+struct StackPart {
+  const Linear* layer;
+  int64_t row;
+};
+
+// The stack's slot names: every adapter name of the parts, in order of first appearance.
+std::vector<std::string> names_of(const std::vector<StackPart>& parts) {
+  std::vector<std::string> names;
+  for (const StackPart& p : parts)
+    for (const LoraAdapter& a : p.layer->adapters)
+      if (std::find(names.begin(), names.end(), a.name) == names.end()) names.push_back(a.name);
+  return names;
+}
+
+// The parts' adapters stacked (AdapterStack in linear.h) for a product of `in` -> `out`: `kept` where it holds
+// the same tensors and scales.
+std::shared_ptr<const AdapterStack> stack_adapters(const std::vector<StackPart>& parts, int64_t in, int64_t out,
+                                                   Device dev, std::shared_ptr<const AdapterStack> kept) {
+  std::vector<Tensor> sources;
+  std::vector<float> scales;
+  for (const StackPart& p : parts)
+    for (const LoraAdapter& a : p.layer->adapters) {
+      sources.insert(sources.end(), {a.A, a.B});
+      scales.push_back(a.scale);
+    }
+  bool same = kept && kept->scales == scales && kept->sources.size() == sources.size();
+  for (size_t i = 0; same && i < sources.size(); ++i) same = kept->sources[i].impl() == sources[i].impl();
+  if (same) return kept;
+  NoGrad no_grad;
+  auto st = std::make_shared<AdapterStack>();
+  st->names = names_of(parts);
+  const size_t S = st->names.size();
+  auto slot_of = [&](const std::string& name) {
+    return int64_t(std::find(st->names.begin(), st->names.end(), name) - st->names.begin());
+  };
+  std::vector<int64_t> rank(S, 0);
+  for (const StackPart& p : parts)
+    for (const LoraAdapter& a : p.layer->adapters) rank[size_t(slot_of(a.name))] += a.A.dim(0);
+  const int64_t R = (*std::max_element(rank.begin(), rank.end()) + 7) / 8 * 8;
+  st->a = Tensor::zeros({int64_t(S) + 1, R, in}, DType::f32, dev);
+  st->b = Tensor::zeros({int64_t(S) + 1, out, R}, DType::f32, dev);
+  std::vector<int64_t> col(S, 0);  // each slot's rank filled so far
+  for (const StackPart& p : parts)
+    for (const LoraAdapter& a : p.layer->adapters) {
+      const int64_t s = slot_of(a.name), r = a.A.dim(0), c = col[size_t(s)], n = p.layer->out_features();
+      copy_into(ops::reshape(ops::slice(ops::slice(st->a, 0, s, s + 1), 1, c, c + r), {r, in}),
+                ops::scale(ops::cast(a.A, DType::f32), a.scale));
+      copy_into(ops::reshape(ops::slice(ops::slice(ops::slice(st->b, 0, s, s + 1), 1, p.row, p.row + n), 2, c, c + r),
+                             {n, r}),
+                ops::cast(a.B, DType::f32));
+      col[size_t(s)] += r;
+    }
+  st->sources = std::move(sources);
+  st->scales = std::move(scales);
+  return st;
+}
+
+// Each batch row's slot among `names`: its group's name, else the zero slot (names.size()). Empty where no group
+// names one of them, where (unless whole_batch) one group names one for every row (the fused product does that
+// better), or where a group lies outside the batch (the caller's fallback names the error).
+std::vector<int32_t> row_slots(const RowAdapters& rows, const std::vector<std::string>& names, int64_t B,
+                               bool whole_batch) {
+  std::vector<int32_t> slot_of_row(size_t(B), int32_t(names.size()));
+  int64_t groups = 0;
+  bool covers_all = false;
+  for (const RowAdapters::Group& g : rows.groups) {
+    const auto it = std::find(names.begin(), names.end(), g.name);
+    if (it == names.end() || g.begin >= g.end) continue;
+    if (g.begin < 0 || g.end > B) return {};
+    for (int64_t b = g.begin; b < g.end; ++b) slot_of_row[size_t(b)] = int32_t(it - names.begin());
+    ++groups;
+    covers_all = g.begin == 0 && g.end == B;
+  }
+  if (groups == 0 || (groups == 1 && covers_all && !whole_batch)) return {};
+  return slot_of_row;
+}
+
+// Every row's delta [..., out] for x [B, ..., in]: s x Aᵀ, then its Bᵀ, each row's factors taken from `st` by its
+// slot (two products however many adapters). The rows' slots go to the device once per set of groups.
+Tensor deltas_by_id(const Tensor& x, const RowAdapters& rows, const std::vector<int32_t>& slot_of_row,
+                    const AdapterStack& st) {
+  const int64_t B = x.dim(0), per_row = x.numel() / std::max<int64_t>(B, 1) / x.dim(-1);
+  std::string key = std::to_string(B) + "x" + std::to_string(per_row);
+  for (const std::string& n : st.names) key += "/" + n;
+  Tensor& id = rows.slot_ids[key];
+  if (!id.defined() || id.device() != x.device()) {
+    std::vector<int32_t> ids(static_cast<size_t>(B * per_row));
+    for (size_t i = 0; i < ids.size(); ++i) ids[i] = slot_of_row[i / size_t(per_row)];
+    id = Tensor::from_ints(ids, {B * per_row}, x.device());
+  }
+  const Tensor down = ops::matmul_by_id(rows_of(x), st.a, id, 1, std::nullopt, DType::f32);  // s x Aᵀ [rows, R]
+  const Tensor delta = ops::matmul_by_id(down, st.b, id, 1, std::nullopt, x.dtype());
+  Shape out = x.shape();
+  out.back() = st.b.dim(1);
+  return ops::reshape(delta, out);
+}
+
 }  // namespace
 
 LoraDropoutScope::LoraDropoutScope(uint64_t seed, uint64_t step, uint64_t micro) {
@@ -176,31 +277,8 @@ Tensor Linear::operator()(const Tensor& x) const {
   return y;
 }
 
-const Linear::AdapterStack& Linear::adapter_stack() const {
-  bool same = stack_ && stack_->sources.size() == 2 * adapters.size();
-  for (size_t i = 0; same && i < adapters.size(); ++i)
-    same = stack_->sources[2 * i].impl() == adapters[i].A.impl() &&
-           stack_->sources[2 * i + 1].impl() == adapters[i].B.impl() && stack_->scales[i] == adapters[i].scale;
-  if (same) return *stack_;
-  NoGrad no_grad;
-  auto st = std::make_shared<AdapterStack>();
-  int64_t rank = 0;
-  for (const LoraAdapter& a : adapters) rank = std::max(rank, a.A.dim(0));
-  rank = (rank + 7) / 8 * 8;
-  const int64_t S = int64_t(adapters.size()) + 1;
-  st->a = Tensor::zeros({S, rank, in_features()}, DType::f32, device());
-  st->b = Tensor::zeros({S, out_features(), rank}, DType::f32, device());
-  for (size_t i = 0; i < adapters.size(); ++i) {
-    const LoraAdapter& a = adapters[i];
-    const int64_t r = a.A.dim(0), slot = int64_t(i);
-    copy_into(ops::reshape(ops::slice(ops::slice(st->a, 0, slot, slot + 1), 1, 0, r), {r, in_features()}),
-              ops::scale(ops::cast(a.A, DType::f32), a.scale));
-    copy_into(ops::reshape(ops::slice(ops::slice(st->b, 0, slot, slot + 1), 2, 0, r), {out_features(), r}),
-              ops::cast(a.B, DType::f32));
-    st->sources.insert(st->sources.end(), {a.A, a.B});
-    st->scales.push_back(a.scale);
-  }
-  stack_ = st;
+const AdapterStack& Linear::adapter_stack() const {
+  stack_ = stack_adapters({{this, 0}}, in_features(), out_features(), device(), stack_);
   return *stack_;
 }
 
@@ -219,40 +297,10 @@ Tensor Linear::by_row_ids(const Tensor& x, const RowAdapters& rows) const {
 Tensor Linear::by_row_ids_delta(const Tensor& x, const RowAdapters& rows, bool whole_batch) const {
   const int64_t B = x.dim(0), per_row = x.numel() / std::max<int64_t>(B, 1) / in_features();
   if (B * per_row > kByIdRows || adapters.empty() || !unrecorded({&x, &weight})) return Tensor();
-  // Each batch row's slot in the stack: its group's adapter, or the zero slot.
-  const int64_t none = int64_t(adapters.size());
-  std::vector<int32_t> slot_of_row(static_cast<size_t>(B), static_cast<int32_t>(none));
-  int64_t groups = 0;
-  bool covers_all = false;
-  for (const RowAdapters::Group& g : rows.groups) {
-    int64_t slot = none;
-    for (size_t i = 0; i < adapters.size(); ++i)
-      if (adapters[i].name == g.name) slot = int64_t(i);
-    if (slot == none || g.begin >= g.end) continue;
-    if (g.begin < 0 || g.end > B) return Tensor();  // operator() names the error
-    if (dropout_on(adapters[size_t(slot)]) || !unrecorded({&adapters[size_t(slot)].A, &adapters[size_t(slot)].B}))
-      return Tensor();
-    for (int64_t b = g.begin; b < g.end; ++b) slot_of_row[size_t(b)] = int32_t(slot);
-    ++groups;
-    covers_all = g.begin == 0 && g.end == B;
-  }
-  // No adapter here, or one for the whole batch: the base product or the fused one does better.
-  if (groups == 0 || (groups == 1 && covers_all && !whole_batch)) return Tensor();
-  std::string key = std::to_string(B) + "x" + std::to_string(per_row);
-  for (const LoraAdapter& a : adapters) key += "/" + a.name;
-  Tensor& id = rows.slot_ids[key];
-  if (!id.defined() || id.device() != x.device()) {
-    std::vector<int32_t> ids(static_cast<size_t>(B * per_row));
-    for (size_t i = 0; i < ids.size(); ++i) ids[i] = slot_of_row[i / size_t(per_row)];
-    id = Tensor::from_ints(ids, {B * per_row}, x.device());
-  }
-  const AdapterStack& st = adapter_stack();
-  const Tensor x2 = rows_of(x);
-  const Tensor down = ops::matmul_by_id(x2, st.a, id, 1, std::nullopt, DType::f32);  // s x Aᵀ [rows, R]
-  const Tensor delta = ops::matmul_by_id(down, st.b, id, 1, std::nullopt, x.dtype());
-  Shape out = x.shape();
-  out.back() = out_features();
-  return ops::reshape(delta, out);
+  for (const LoraAdapter& a : adapters)
+    if (!servable(a)) return Tensor();
+  const std::vector<int32_t> slots = row_slots(rows, names_of({{this, 0}}), B, whole_batch);
+  return slots.empty() ? Tensor() : deltas_by_id(x, rows, slots, adapter_stack());
 }
 
 Tensor Linear::operator()(const Tensor& x, const RowAdapters* rows) const {
@@ -390,38 +438,46 @@ bool LinearGroup::applies(const std::vector<const Linear*>& parts, const Tensor&
   return x.numel() <= kRows * x.dim(-1) && fused_adapter(parts, a) && (!a || inference(x, weight_, a));
 }
 
-bool LinearGroup::row_deltas(const std::vector<const Linear*>& parts, const Tensor& x, const RowAdapters* rows,
-                             std::vector<Tensor>& deltas) {
-  deltas.assign(parts.size(), Tensor());
-  if (!rows) return true;
+bool LinearGroup::row_deltas(const std::vector<const Linear*>& parts, const Tensor& x, const RowAdapters& rows,
+                             Tensor& delta) const {
+  delta = Tensor();
+  std::vector<StackPart> stacked;
+  bool named = false;
+  int64_t row = 0;
   for (size_t i = 0; i < parts.size(); ++i) {
-    if (!parts[i]->named_in(*rows)) continue;
-    deltas[i] = parts[i]->by_row_ids_delta(x, *rows, true);
-    if (!deltas[i].defined()) return false;
+    stacked.push_back({parts[i], row});
+    row += outs_[i];
+    named |= parts[i]->named_in(rows);
+    for (const LoraAdapter& a : parts[i]->adapters)
+      if (!servable(a)) return false;
   }
+  if (!named) return true;
+  const std::vector<int32_t> slots = row_slots(rows, names_of(stacked), x.dim(0), true);
+  if (slots.empty()) return false;
+  row_stack_ = stack_adapters(stacked, weight_.dim(1), weight_.dim(0), weight_.device(), row_stack_);
+  delta = deltas_by_id(x, rows, slots, *row_stack_);
   return true;
 }
 
 std::vector<Tensor> LinearGroup::operator()(const std::vector<const Linear*>& parts, const Tensor& x,
                                             const RowAdapters* rows, Tensor* whole) const {
   const LoraAdapter* a = nullptr;
-  std::vector<Tensor> out, deltas;
+  std::vector<Tensor> out;
+  Tensor delta;
   if (whole) *whole = Tensor();
-  if (!applies(parts, x, rows, a) || !row_deltas(parts, x, rows, deltas)) {
+  if (!applies(parts, x, rows, a) || (rows && !row_deltas(parts, x, *rows, delta))) {
     for (const Linear* p : parts) out.push_back((*p)(x, rows));
     return out;
   }
   Linear group(weight_, bias_);
-  const Tensor y = a ? group.fused(x, a, Tensor()) : group(x);
-  bool added = false;
+  Tensor y = a ? group.fused(x, a, Tensor()) : group(x);
+  if (delta.defined()) y = ops::add(y, delta);
+  if (whole) *whole = y;
   int64_t col = 0;
-  for (size_t i = 0; i < outs_.size(); ++i) {
-    const Tensor part = ops::slice(y, -1, col, col + outs_[i]);
-    out.push_back(deltas[i].defined() ? ops::add(part, deltas[i]) : part);
-    added |= deltas[i].defined();
-    col += outs_[i];
+  for (int64_t n : outs_) {
+    out.push_back(ops::slice(y, -1, col, col + n));
+    col += n;
   }
-  if (whole && !added) *whole = y;
   return out;
 }
 

@@ -49,6 +49,21 @@ struct RowAdapters {
   mutable std::map<std::string, Tensor> slot_ids;
 };
 
+class Linear;
+
+// Adapters' factors stacked for products by id (serving, each row its own adapter): slot s holds the adapters
+// named names[s] — A [R, in] rows with each scale folded in, B [out, R] — and the last slot zeros (rows without
+// an adapter); R the largest slot's rank rounded up to 8 (the products' 16-byte loads), zeros past each slot's.
+// A projection group's slot holds its parts' adapters of that name side by side: their A rows one after another,
+// their B blocks on the diagonal (each at its part's output rows). Kept while the adapters hold the same tensors
+// and scales (inference does not change their values).
+struct AdapterStack {
+  std::vector<std::string> names;
+  std::vector<Tensor> sources;  // every adapter's A and B, part by part (held: their identity is the key)
+  std::vector<float> scales;
+  Tensor a, b;                  // [S, R, in], [S, out, R]
+};
+
 class Linear {
  public:
   Linear() = default;
@@ -103,16 +118,7 @@ class Linear {
   bool named_in(const RowAdapters& rows) const;
   static constexpr int64_t kByIdRows = 64;
 
-  // Every adapter's factors stacked for by_row_ids, slot i = adapters[i], the last slot zeros (rows without an
-  // adapter): A [S, R, in] with each scale folded in, B [S, out, R], R the largest rank rounded up to 8 (the
-  // products' 16-byte loads), zeros past each adapter's rank. Kept while the adapters hold the same tensors and
-  // scales (inference does not change their values).
-  struct AdapterStack {
-    std::vector<Tensor> sources;  // each adapter's A and B (held: their identity is the key)
-    std::vector<float> scales;
-    Tensor a, b;
-  };
-  const AdapterStack& adapter_stack() const;
+  const AdapterStack& adapter_stack() const;  // this layer's adapters, one slot each (kept while current)
   mutable std::shared_ptr<const AdapterStack> stack_;
 };
 
@@ -133,9 +139,9 @@ class LinearGroup {
   // product where the group applies, else each part's own product. It applies where nothing is recorded for
   // autodiff and
   // - without `rows`, to at most kRows rows whose parts' adapters fuse (decoding);
-  // - with `rows` (serving), to at most Linear::kByIdRows rows: the parts' base products as one, then each part
-  //   with an adapter that a group names adds its rows' deltas by id (Linear::by_row_ids_delta).
-  // `whole`, where given, receives that one product [..., Σout] where no part adds a delta (else undefined).
+  // - with `rows` (serving), to at most Linear::kByIdRows rows: the parts' base products as one, plus each row's
+  //   adapter deltas of every part at once (the parts' adapters stacked per name: two products by id).
+  // `whole`, where given, receives that one product [..., Σout] (undefined where the group does not apply).
   std::vector<Tensor> operator()(const std::vector<const Linear*>& parts, const Tensor& x,
                                  const RowAdapters* rows = nullptr, Tensor* whole = nullptr) const;
   // act(gate) * up of a group made of (gate, up), in that order, where it applies: one product with the
@@ -149,10 +155,10 @@ class LinearGroup {
   // Whether one product of the group's weight stands for the parts' on x (setting `a` to their fused adapter).
   bool applies(const std::vector<const Linear*>& parts, const Tensor& x, const RowAdapters* rows,
                const LoraAdapter*& a) const;
-  // Each part's deltas by id for `rows` (undefined for a part whose adapters no group names); false where a part
-  // needs deltas that cannot be taken by id.
-  static bool row_deltas(const std::vector<const Linear*>& parts, const Tensor& x, const RowAdapters* rows,
-                         std::vector<Tensor>& deltas);
+  // With `rows`: every row's delta [..., Σout] by id from the parts' adapters stacked per name (undefined where
+  // no group names one); false where the deltas cannot be taken so.
+  bool row_deltas(const std::vector<const Linear*>& parts, const Tensor& x, const RowAdapters& rows,
+                  Tensor& delta) const;
   // The parts' adapters as one into `out` (null when no part has one); false when they cannot be fused.
   bool fused_adapter(const std::vector<const Linear*>& parts, const LoraAdapter*& out) const;
 
@@ -163,6 +169,7 @@ class LinearGroup {
     LoraAdapter fused;
   };
   mutable AdapterCache cache_;
+  mutable std::shared_ptr<const AdapterStack> row_stack_;  // the parts' adapters for row_deltas
 };
 
 }  // namespace lmtune::models
