@@ -44,12 +44,10 @@ struct RowAdapters {
     int64_t begin = 0, end = 0;
   };
   std::vector<Group> groups;
-  // Linear::by_row_ids' slot of every row on the device, per adapter list, batch and rows per batch entry
-  // (the key): made once while these groups hold, not once per projection and step.
+  // Every row's slot for the products by id on the device, per list of slot names, batch and rows per batch
+  // entry (the key): made once while these groups hold, not once per projection and step.
   mutable std::map<std::string, Tensor> slot_ids;
 };
-
-class Linear;
 
 // Adapters' factors stacked for products by id (serving, each row its own adapter): slot s holds the adapters
 // named names[s] — A [R, in] rows with each scale folded in, B [out, R] — and the last slot zeros (rows without
