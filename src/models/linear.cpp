@@ -5,6 +5,7 @@
 #include <cmath>
 #include <initializer_list>
 #include <string>
+#include <utility>
 
 #include "core/autodiff.h"
 #include "core/error.h"
@@ -62,16 +63,21 @@ constexpr int64_t kFewRows = 8;
 
 Tensor rows_of(const Tensor& t) { return ops::reshape(t, {-1, t.dim(-1)}); }
 
-// Rows x2 [rows, in] of a prompt in a 16-bit dtype: products with an adapter's factors then take them cast to
-// f16 (tensor-core kernels) rather than as stored (f32: the exact scalar kernel).
-bool many_half_rows(const Tensor& x2) {
-  return (x2.dtype() == DType::f16 || x2.dtype() == DType::bf16) && x2.dim(0) > kFewRows;
-}
-
 // s x Aᵀ [tokens, R] in f32, the scale in the product: in inference the factor is read in its stored dtype (a
 // cast of A per token costs a dispatch and as many bytes as the product reads).
 Tensor lora_down(const LoraAdapter& a, const Tensor& x2) {
   return ops::matmul(x2, ops::transpose(a.A), DType::f32, a.scale);
+}
+
+// The operands of an adapter's term in inference, {s x2 Aᵀ, Bᵀ} for x2 [rows, in]. Many 16-bit rows (a prompt)
+// take f16 factors, which the tensor-core kernels take (as more K tiles of a product, as lora_linear's); stored
+// as f32 they would send the products to the exact scalar kernel. A few rows (decode) read the factors as stored,
+// where casts would cost a dispatch each and as many bytes as the product reads.
+std::pair<Tensor, Tensor> low_rank_operands(const LoraAdapter& a, const Tensor& x2) {
+  if ((x2.dtype() == DType::f16 || x2.dtype() == DType::bf16) && x2.dim(0) > kFewRows)
+    return {ops::matmul(x2, ops::transpose(ops::cast(a.A, DType::f16)), DType::f16, a.scale),
+            ops::transpose(ops::cast(a.B, DType::f16))};
+  return {lora_down(a, x2), ops::transpose(a.B)};
 }
 
 // (scale · dropout(x) Aᵀ) Bᵀ: R·(in + out) per token instead of materialising B A. The scale multiplies the
@@ -81,13 +87,8 @@ Tensor lora_delta(const LoraAdapter& a, const Tensor& x) {
   if (inference(x, Tensor(), &a)) {
     Shape out = x.shape();
     out.back() = a.B.dim(0);
-    const Tensor x2 = rows_of(x);
-    // Many 16-bit rows (a prompt): f16 factors for the tensor-core kernels, as Linear::fused takes them.
-    if (many_half_rows(x2)) {
-      const Tensor down = ops::matmul(x2, ops::transpose(ops::cast(a.A, DType::f16)), DType::f16, a.scale);
-      return ops::reshape(ops::matmul(down, ops::transpose(ops::cast(a.B, DType::f16)), x.dtype()), out);
-    }
-    return ops::reshape(ops::matmul(lora_down(a, x2), ops::transpose(a.B), x.dtype()), out);
+    const auto [down, bt] = low_rank_operands(a, rows_of(x));
+    return ops::reshape(ops::matmul(down, bt, x.dtype()), out);
   }
   Tensor in = dropout_on(a) ? ops::dropout(x, a.dropout, dropout_key(a.dropout_key)) : x;
   Tensor down = factor_product(in, a.A);
@@ -214,13 +215,7 @@ Tensor Linear::fused(const Tensor& x, const LoraAdapter* a, const Tensor& residu
   const Tensor addend = residual.defined() ? rows_of(residual) : bias;
   Tensor y;
   if (a) {
-    // Many 16-bit rows (a prompt): f16 factors, which the tensor-core kernels take as more K tiles of the product
-    // (as lora_linear's); a few rows (decode) read the factors as stored, where casts would cost a dispatch each
-    // and as many bytes as the product reads.
-    const bool tiles = many_half_rows(x2);
-    const Tensor down = tiles ? ops::matmul(x2, ops::transpose(ops::cast(a->A, DType::f16)), DType::f16, a->scale)
-                              : lora_down(*a, x2);
-    const Tensor bt = ops::transpose(tiles ? ops::cast(a->B, DType::f16) : a->B);
+    const auto [down, bt] = low_rank_operands(*a, x2);
     y = addend.defined() ? ops::matmul_add(x2, wt, addend, down, bt, 1.0f, x.dtype())
                          : ops::matmul_low_rank(x2, wt, down, bt, 1.0f, x.dtype());
   } else {
@@ -431,7 +426,7 @@ bool LinearGroup::fused_adapter(const std::vector<const Linear*>& parts, const L
 
 bool LinearGroup::applies(const std::vector<const Linear*>& parts, const Tensor& x, const RowAdapters* rows,
                           const LoraAdapter*& a) const {
-  // Rows given: the base products, each part's deltas by id apart; no rows: the parts' adapters fused.
+  // Rows given: the base products, then every row's deltas by id (row_deltas); no rows: the parts' adapters fused.
   a = nullptr;
   if (!defined() || parts.size() != outs_.size() || !inference(x, weight_, nullptr)) return false;
   if (rows) return x.numel() <= Linear::kByIdRows * x.dim(-1);
