@@ -200,17 +200,36 @@ std::vector<Tensor> fresh_leaves(const std::vector<Tensor>& primals) {
   return leaves;
 }
 
-// Outputs that apply_kept keeps in a checkpointed segment's first pass, handed back in its recomputation.
+// An op whose kernels a recomputation put off (Primitive::may_defer).
+struct DeferredOp {
+  std::shared_ptr<Primitive> prim;
+  std::vector<Tensor> inputs, outputs;
+};
+
+// Outputs that apply_kept keeps in a checkpointed segment's first pass, handed back in its recomputation; and the
+// ops the recomputation deferred, dropped when it returns if nothing read their outputs.
 struct KeptOutputs {
   std::vector<std::vector<Tensor>> outputs;
   size_t next = 0;
   bool replay = false;
+  std::vector<DeferredOp> deferred;
+
+  void run_deferred() {
+    std::vector<DeferredOp> ops = std::move(deferred);
+    deferred.clear();
+    NoGrad no_grad;
+    for (DeferredOp& op : ops) eval_on(op.outputs[0].device(), *op.prim, op.inputs, op.outputs);
+  }
 };
 thread_local KeptOutputs* g_kept = nullptr;
+std::atomic<uint64_t> g_deferred_dropped{0};
 
 struct KeptScope {
   KeptOutputs* saved;
-  explicit KeptScope(KeptOutputs* k) : saved(g_kept) { g_kept = k; }
+  explicit KeptScope(KeptOutputs* k) : saved(g_kept) {
+    if (saved) saved->run_deferred();  // a nested segment sees only what has run
+    g_kept = k;
+  }
   ~KeptScope() { g_kept = saved; }
   KeptScope(const KeptScope&) = delete;
   KeptScope& operator=(const KeptScope&) = delete;
@@ -244,6 +263,9 @@ class CheckpointPrimitive final : public Primitive {
       KeptScope scope(kept_.get());
       outs = fn_(leaves);
     }
+    // What is still deferred only made the segment's results, which the backward pass below never reads.
+    g_deferred_dropped += kept_->deferred.size();
+    kept_->deferred.clear();
     std::vector<Tensor> grads = run_backward(outs, cots, leaves, /*accumulate_leaves=*/true, first);
     kept_->outputs.clear();  // freed as the backward walks down the segments
     return grads;
@@ -267,6 +289,28 @@ namespace tape {
 uint64_t next_seq() { return ++t_seq; }
 bool saving_everything() { return t_save_all; }
 bool force_record() { return t_force; }
+
+bool defer(const std::shared_ptr<Primitive>& prim, const std::vector<Tensor>& inputs,
+           const std::vector<Tensor>& outputs) {
+  KeptOutputs* k = g_kept;
+  if (!k || !k->replay || !t_grad_enabled || t_save_all || !prim->may_defer() || outputs.empty()) return false;
+  if (prim->vjp_needs_inputs()) read_by(inputs);  // before this op joins the deferred ones
+  {
+    NoGrad no_grad;
+    prim->prepare_vjp(inputs);
+  }
+  k->deferred.push_back({prim, inputs, outputs});
+  return true;
+}
+
+void read_by(const std::vector<Tensor>& tensors) {
+  KeptOutputs* k = g_kept;
+  if (!k || k->deferred.empty()) return;
+  for (const DeferredOp& op : k->deferred)
+    for (const Tensor& out : op.outputs)
+      for (const Tensor& t : tensors)
+        if (t.defined() && t.buffer() == out.buffer()) return k->run_deferred();
+}
 Scope::Scope(bool save_everything, bool force) : prev_save_(t_save_all), prev_force_(t_force) {
   t_save_all = save_everything;
   t_force = force;
@@ -283,6 +327,7 @@ NoGrad::NoGrad() : prev_(t_grad_enabled) { t_grad_enabled = false; }
 NoGrad::~NoGrad() { t_grad_enabled = prev_; }
 
 uint64_t gradients_added_in_place() { return g_added_in_place.load(); }
+uint64_t recomputed_ops_dropped() { return g_deferred_dropped.load(); }
 
 void backward(const Tensor& loss, const Tensor& cotangent) {
   if (!loss.defined()) throw AutodiffError("backward: undefined tensor");

@@ -52,6 +52,9 @@ void backward(const Tensor& loss, const Tensor& cotangent = Tensor());
 // How many input gradients backward passes have had added in place by the vjp that produced them
 // (Primitive::vjp_into) instead of by an add of their own, since the program started (for tests).
 uint64_t gradients_added_in_place();
+// How many ops checkpoints' recomputations deferred and then dropped because nothing read their outputs
+// (Primitive::may_defer), since the program started (for tests).
+uint64_t recomputed_ops_dropped();
 
 using Fn = std::function<std::vector<Tensor>(const std::vector<Tensor>&)>;
 
@@ -65,7 +68,9 @@ std::pair<std::vector<Tensor>, std::vector<Tensor>> jvp(const Fn& f, const std::
 std::function<std::pair<Tensor, std::vector<Tensor>>(const std::vector<Tensor>&)> value_and_grad(const Fn& f);
 
 // Gradient checkpointing: the returned function computes f without keeping its intermediates; backward
-// recomputes them from the saved inputs. Tensors captured by f that require grad receive gradients too.
+// recomputes them from the saved inputs. Tensors captured by f that require grad receive gradients too. The
+// recomputation skips the kernels of ops whose outputs nothing reads (Primitive::may_defer): only cotangents
+// flow through f's results there.
 Fn checkpoint(Fn f);
 
 // Selective recomputation: inside a function run by checkpoint(), apply_kept runs a primitive in the first pass

@@ -47,6 +47,7 @@ std::vector<Tensor> apply(std::shared_ptr<Primitive> prim, const std::vector<Ten
   std::vector<Tensor> outputs;
   outputs.reserve(specs.size());
   for (const auto& s : specs) outputs.push_back(Tensor::empty(s.shape, s.dtype, device));
+  if (tape::defer(prim, inputs, outputs)) return record(std::move(prim), inputs, std::move(outputs));
   {
     NoGrad no_grad;  // kernels that compose other ops must not record them
     eval_on(device, *prim, inputs, outputs);
@@ -55,6 +56,8 @@ std::vector<Tensor> apply(std::shared_ptr<Primitive> prim, const std::vector<Ten
 }
 
 void eval_on(const Device& device, Primitive& prim, const std::vector<Tensor>& inputs, std::vector<Tensor>& outputs) {
+  tape::read_by(inputs);
+  tape::read_by(outputs);  // a kernel writing into a deferred op's output must come after it
   if (device.is_cpu())
     prim.eval_cpu(inputs, outputs);
   else
@@ -83,6 +86,7 @@ std::vector<Tensor> record(std::shared_ptr<Primitive> prim, const std::vector<Te
   bool save_all = tape::saving_everything();
   bool keep_in = save_all || prim->vjp_needs_inputs();
   bool keep_out = save_all || prim->vjp_needs_outputs();
+  if (keep_in) tape::read_by(inputs);  // the vjp will read them
   for (const auto& t : inputs) {
     Edge e;
     if (t.impl()->node) {

@@ -25,6 +25,13 @@ class Primitive {
   // Which saved values the vjp reads; the rest are released when the forward pass returns.
   virtual bool vjp_needs_inputs() const { return true; }
   virtual bool vjp_needs_outputs() const { return false; }
+  // Inside a checkpointed segment's recomputation the segment's results carry only cotangents, so the ops that end
+  // it (a decoder layer's down projection and residual add) need not run. There apply defers the kernels of an op
+  // that allows it until something reads one of its outputs, and drops them when nothing does (see
+  // core/autodiff.h). Allowed only where the vjp reads no outputs; what else it reads (LoRA's s x Aᵀ), the op makes
+  // in prepare_vjp, which apply then runs in place of the kernels.
+  virtual bool may_defer() const { return false; }
+  virtual void prepare_vjp(const std::vector<Tensor>& inputs) { (void)inputs; }
 
   // Reverse mode: cotangents of the inputs for which wanted[i] is true (others may be left undefined),
   // given the cotangents of the outputs (an undefined cotangent means zero). Runs with gradient recording off.

@@ -5,6 +5,7 @@
 
 #include "core/error.h"
 #include "core/random.h"
+#include "core/tape.h"
 
 namespace lmtune {
 namespace {
@@ -68,6 +69,7 @@ std::vector<uint8_t> read_logical_bytes(const Tensor& t) {
     (span < 0 ? lo : hi) += span;
   }
   std::vector<uint8_t> raw(size_t(hi - lo + 1) * es);
+  tape::read_by({t});
   backend(t.device()).read(*t.buffer(), size_t(lo) * es, raw.data(), raw.size());
   if (t.is_contiguous()) return raw;
   std::vector<int64_t> idx(t.ndim(), 0);

@@ -1,6 +1,6 @@
 // Gradient checkpointing on a 4-layer decoder stack: bitwise-identical gradients (inputs and captured
 // parameters) with and without checkpoint, lower peak memory with it, matching jvp, the error for a captured
-// tensor that is not a leaf, and outputs kept across the recomputation (apply_kept).
+// tensor that is not a leaf, outputs kept across the recomputation (apply_kept) and unread results dropped.
 #include <cstring>
 #include <iostream>
 
@@ -67,6 +67,30 @@ TEST(Checkpoint, CapturedNonLeafIsRejected) {
   } catch (const AutodiffError& e) {
     EXPECT_NE(std::string(e.what()).find("checkpoint"), std::string::npos) << e.what();
   }
+}
+
+// In a recomputation, the ops whose outputs nothing reads (the last product and add) are dropped. A deferred
+// output that a later op, a view's reader or the host reads runs first. Gradients are bitwise the plain segment's.
+TEST(Checkpoint, UnreadResultsAreNotRecomputed) {
+  const Tensor w1 = random_like({3, 3}, 93), w2 = random_like({3, 3}, 94);
+  std::vector<std::vector<float>> seen;
+  Fn segment = [&](const std::vector<Tensor>& in) {
+    const Tensor a = ops::add(ops::matmul(in[0], w1), in[0]);  // both deferred, then read through a view
+    const Tensor t = ops::tanh(ops::reshape(a, {15}));
+    const Tensor m = ops::matmul(ops::reshape(t, {5, 3}), w2);
+    seen.push_back(m.to_floats());  // the host reads a deferred output
+    const Tensor b = ops::mul(m, in[0]);
+    return std::vector<Tensor>{ops::add(ops::matmul(b, w2), b)};  // nothing reads these two
+  };
+  const Tensor x = f32_input({5, 3}, 91), u = random_like({5, 3}, 92);
+  auto want = lmtune::vjp(segment, {x}, {u});
+  const uint64_t before = recomputed_ops_dropped();
+  auto got = lmtune::vjp(checkpoint(segment), {x}, {u});
+  EXPECT_EQ(recomputed_ops_dropped() - before, 2u);
+  EXPECT_EQ(want.second[0].to_floats(), got.second[0].to_floats());
+  EXPECT_EQ(want.first[0].to_floats(), got.first[0].to_floats());
+  ASSERT_EQ(seen.size(), 3u);  // the plain run, the checkpoint's first pass, its recomputation
+  EXPECT_EQ(seen[2], seen[0]);
 }
 
 }  // namespace

@@ -23,6 +23,7 @@ class Unary final : public Primitive {
   LMTUNE_PRIMITIVE_VJP_JVP();
   bool vjp_needs_inputs() const override;
   bool vjp_needs_outputs() const override;
+  bool may_defer() const override { return !vjp_needs_outputs(); }
   // dy/dx as a tensor, from the saved input x and output y.
   Tensor derivative(const Tensor& x, const Tensor& y) const;
 
@@ -39,6 +40,7 @@ class Binary final : public Primitive {
   bool has_vjp() const override { return op != BinaryOp::greater_equal; }
   bool has_jvp() const override { return op != BinaryOp::greater_equal; }
   bool vjp_needs_inputs() const override { return op != BinaryOp::add && op != BinaryOp::sub; }
+  bool may_defer() const override { return true; }
   std::vector<Tensor> vjp(const Node& node, const std::vector<Tensor>& cot, const std::vector<bool>& wanted) override;
   std::vector<Tensor> jvp(const Node& node, const std::vector<Tensor>& tangents) override;
 

@@ -14,15 +14,20 @@ Tensor rows(const Tensor& x) { return ops::reshape(x, {-1, x.dim(-1)}); }
 }  // namespace
 
 // in[4], where given, is the adapter's input (x after LoRA dropout); else x.
-void LoraLinear::forward(const std::vector<Tensor>& in, std::vector<Tensor>& out) {
-  const Tensor &x = in[0], &w = in[1];
+void LoraLinear::prepare_vjp(const std::vector<Tensor>& in) {
+  if (down.defined()) return;  // a deferred op's kernels (core/tape.h) run after its preparation
   a16 = ops::cast(in[2], DType::f16);
   // B in f16, in the layout the addend takes (beside weight_t's [K, N]: [R, N] rows).
   const Tensor b = weight_t.defined() ? ops::transpose(in[3]) : in[3];
   b16 = weight_t.defined() ? ops::transpose(ops::cast(b, DType::f16)) : ops::cast(b, DType::f16);
-  const Tensor x2 = rows(x);
   // s x Aᵀ, the scale in the product: the addend needs no scale of its own and dB = gᵀ down no scaling pass.
-  down = ops::matmul(in.size() > 4 ? rows(in[4]) : x2, ops::transpose(a16), DType::f16, scale);
+  down = ops::matmul(rows(in.size() > 4 ? in[4] : in[0]), ops::transpose(a16), DType::f16, scale);
+}
+
+void LoraLinear::forward(const std::vector<Tensor>& in, std::vector<Tensor>& out) {
+  const Tensor &x = in[0], &w = in[1];
+  prepare_vjp(in);
+  const Tensor x2 = rows(x);
   std::vector<Tensor> y{ops::reshape(out[0], {-1, w.dim(0)})};
   MatmulLowRank product(1.0f);
   eval_on(x.device(), product, {x2, weight_t.defined() ? weight_t : ops::transpose(w), down, ops::transpose(b16)}, y);

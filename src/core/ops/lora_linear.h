@@ -22,6 +22,8 @@ class LoraLinear final : public Primitive {
   void eval_cpu(const std::vector<Tensor>& in, std::vector<Tensor>& out) override { forward(in, out); }
   void eval_vulkan(const std::vector<Tensor>& in, std::vector<Tensor>& out) override { forward(in, out); }
   LMTUNE_PRIMITIVE_VJP_JVP();
+  bool may_defer() const override { return true; }
+  void prepare_vjp(const std::vector<Tensor>& in) override;
 
   const float scale;
   const Tensor weight_t;  // [K, N] or undefined

@@ -14,6 +14,7 @@ class Matmul final : public Primitive {
   const char* name() const override { return "matmul"; }
   LMTUNE_PRIMITIVE_EVAL();
   LMTUNE_PRIMITIVE_VJP_JVP();
+  bool may_defer() const override { return true; }
 
   const float alpha;
 };
@@ -29,6 +30,7 @@ class MatmulLowRank final : public Primitive {
   const char* name() const override { return "matmul_low_rank"; }
   LMTUNE_PRIMITIVE_EVAL();
   LMTUNE_PRIMITIVE_VJP_JVP();
+  bool may_defer() const override { return true; }
 
   const float alpha;
 };

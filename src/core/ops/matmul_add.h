@@ -17,6 +17,7 @@ class MatmulAdd final : public Primitive {
   void eval_cpu(const std::vector<Tensor>& in, std::vector<Tensor>& out) override { compose(in, out); }
   void eval_vulkan(const std::vector<Tensor>& in, std::vector<Tensor>& out) override;
   LMTUNE_PRIMITIVE_VJP_JVP();
+  bool may_defer() const override { return true; }
   // The fallback of both backends, written with ops.
   void compose(const std::vector<Tensor>& in, std::vector<Tensor>& out) const;
 
