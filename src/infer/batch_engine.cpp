@@ -42,9 +42,10 @@ models::RowAdapters BatchEngine::groups_of(const std::vector<Row>& rows) const {
 }
 
 Tensor BatchEngine::last_logits(const Tensor& ids, const Tensor& positions, const Tensor& mask,
-                                models::KvCache& cache, const models::RowAdapters& groups) const {
+                                models::KvCache& cache, const models::RowAdapters& groups, bool ids_on_device) const {
   models::ForwardOptions opt;
   opt.attend_mask = mask;
+  opt.ids_on_device = ids_on_device;
   opt.cache = &cache;
   opt.row_adapters = &groups;
   Tensor hidden = decoder_.forward_hidden(ids, positions, opt);  // [B, T, C]
@@ -123,15 +124,48 @@ void BatchEngine::join(const std::vector<Sequence*>& seqs, const std::vector<std
   // Sequences already done (one token asked for, or a stop id first) never enter the batch.
   for (Row& r : incoming)
     if (r.seq->finished()) r.seq = nullptr;
+  accept_pending();  // the newcomers' sampling above waited for that step already
   std::vector<Row> keep;
   for (size_t i = 0; i < rows_.size(); ++i) keep.push_back({rows_[i], row_adapter_[i]});
   regroup(std::move(keep), incoming, &fresh);
   stats_.prefill_seconds += seconds_since(t0);
 }
 
+void BatchEngine::accept_pending() {
+  if (!pending_.defined()) return;
+  std::vector<int32_t> chosen(size_t(pending_.numel()));
+  backend(pending_.device()).take_read(pending_read_, chosen.data(), chosen.size() * sizeof(int32_t));
+  pending_ = Tensor();
+  for (size_t b = 0; b < rows_.size(); ++b) {
+    if (rows_[b]->finished()) continue;
+    rows_[b]->accept(chosen[b]);
+    ++stats_.decode_tokens;
+  }
+}
+
+void BatchEngine::step_pipelined() {
+  const Device dev = decoder_.device();
+  auto t0 = Clock::now();
+  const int64_t B = size();
+  // Rows finished by the tokens still pending are computed once more (and ignored), as finished rows are.
+  DecodeInputs in = decode_inputs(rows_);
+  const bool on_device = pending_.defined();
+  const Tensor ids = on_device ? ops::reshape(pending_, {B, 1}) : Tensor::from_ints(in.ids, {B, 1}, dev);
+  Tensor next = ops::argmax(
+      last_logits(ids, Tensor::from_ints(in.positions, {B, 1}, dev), Tensor(), *cache_, groups_, on_device), -1);
+  const uint64_t read = backend(dev).read_later(*next.buffer(), size_t(next.offset()) * sizeof(int32_t),
+                                                size_t(B) * sizeof(int32_t));
+  accept_pending();
+  pending_ = std::move(next);
+  pending_read_ = read;
+  stats_.decode_seconds += seconds_since(t0);
+}
+
 void BatchEngine::step() {
   if (rows_.empty()) return;
   NoGrad no_grad;
+  if (greedy_on_device(rows_)) return step_pipelined();
+  accept_pending();
   const Device dev = decoder_.device();
   auto t0 = Clock::now();
   const int64_t B = size();
@@ -151,10 +185,19 @@ void BatchEngine::remove(const std::vector<Sequence*>& seqs) {
     if (std::find(seqs.begin(), seqs.end(), rows_[i]) == seqs.end()) keep.push_back({rows_[i], row_adapter_[i]});
   if (keep.size() == rows_.size()) return;
   NoGrad no_grad;
+  accept_pending();  // before the rows move
   regroup(std::move(keep), {}, nullptr);
 }
 
 void BatchEngine::reset() {
+  if (pending_.defined()) {
+    try {  // the step in flight, if the device still answers
+      std::vector<int32_t> ignored(size_t(pending_.numel()));
+      backend(pending_.device()).take_read(pending_read_, ignored.data(), ignored.size() * sizeof(int32_t));
+    } catch (const std::exception&) {
+    }
+    pending_ = Tensor();
+  }
   rows_.clear();
   row_adapter_.clear();
   groups_ = {};

@@ -4,7 +4,11 @@
 //   join(seqs)   prefills the new prompts together (left-padded, padding masked out of attention) in a KV cache
 //                of their own, samples each one's first token, then regroups that cache's rows and the running
 //                rows into the batch cache (models::KvCache::regroup: right-aligned rows, trimmed timeline).
-//   step()       one decode forward [B, 1] over every row, then one sample per running sequence.
+//   step()       one decode forward [B, 1] over every row, then one sample per running sequence. When every
+//                running row is greedy (infer::greedy_on_device), steps are pipelined as Session's are: each
+//                call records the next step on the device's argmax of the one before, and only then reads that
+//                argmax and feeds the tokens, so the device does not wait for the host between steps. The
+//                sequences then lag one step; join and remove take the recorded step's tokens first.
 //   remove(seqs) drops finished or cancelled sequences (another regroup).
 // Rows are kept sorted by adapter name so that each adapter's rows form one contiguous group: every Linear runs
 // its base product once over the whole batch and adds each group's (x Aᵀ) Bᵀ · scale to that group's rows
@@ -30,6 +34,8 @@ class BatchEngine {
   // stop id) are not kept. Throws ConfigError when the batch would exceed max_batch or an adapter is unknown.
   void join(const std::vector<Sequence*>& seqs, const std::vector<std::string>& adapters);
   // One decode step for every sequence in the batch (finished ones stay until removed; their row is wasted).
+  // Pipelined (above), the first step after a join or remove feeds no tokens, and a sequence finishes one call
+  // after the step that computed its last token.
   void step();
   // Drops these sequences from the batch (unknown ones are ignored).
   void remove(const std::vector<Sequence*>& seqs);
@@ -52,7 +58,9 @@ class BatchEngine {
   void regroup(std::vector<Row> keep, const std::vector<Row>& incoming, const models::KvCache* from);
   models::RowAdapters groups_of(const std::vector<Row>& rows) const;
   Tensor last_logits(const Tensor& ids, const Tensor& positions, const Tensor& mask, models::KvCache& cache,
-                     const models::RowAdapters& groups) const;  // -> [B, V]
+                     const models::RowAdapters& groups, bool ids_on_device = false) const;  // -> [B, V]
+  void step_pipelined();
+  void accept_pending();  // reads the recorded step's argmax (waiting for that step only), feeds each running row
 
   const models::Decoder& decoder_;
   int64_t max_batch_, cache_chunk_;
@@ -60,6 +68,8 @@ class BatchEngine {
   std::vector<Sequence*> rows_;
   std::vector<std::string> row_adapter_;
   models::RowAdapters groups_;
+  Tensor pending_;             // pipelined steps: i32 [B], the last recorded step's argmax, not yet read
+  uint64_t pending_read_ = 0;  // its copy to the host (Backend::read_later)
   GenerationStats stats_;
 };
 

@@ -275,13 +275,14 @@ void Session::prefill(const std::vector<Sequence*>& seqs) {
   stats_.peak_bytes = std::max(stats_.peak_bytes, backend(dev).peak_bytes());
 }
 
-bool Session::pipelines() const {
-  if (!options_.use_cache) return false;
-  for (const Sequence* s : rows_)
+bool greedy_on_device(const std::vector<Sequence*>& rows) {
+  for (const Sequence* s : rows)
     if (!s->finished() && (!s->sampling().greedy() || s->sampling().needs_full_row() || s->logprobs_top_ >= 0))
       return false;
   return true;
 }
+
+bool Session::pipelines() const { return options_.use_cache && greedy_on_device(rows_); }
 
 void Session::accept_pending() {
   const std::vector<int32_t> chosen = take_pending();

@@ -62,6 +62,9 @@ struct DecodeInputs {
   int64_t running = 0;
 };
 DecodeInputs decode_inputs(const std::vector<Sequence*>& rows);
+// Whether every unfinished row takes the arg-max and wants no log-probs: the device's argmax is then each row's
+// token, and steps can be recorded ahead of reading it (pipelined: Session::step, BatchEngine::step).
+bool greedy_on_device(const std::vector<Sequence*>& rows);
 
 class Sequence {
  public:
@@ -90,6 +93,7 @@ class Sequence {
   friend void sample_rows(const Tensor& logits, const std::vector<Sequence*>& rows);
   friend PaddedPrompts left_pad_prompts(const std::vector<Sequence*>& seqs);
   friend DecodeInputs decode_inputs(const std::vector<Sequence*>& rows);
+  friend bool greedy_on_device(const std::vector<Sequence*>& rows);
   void accept(int32_t id);  // one sampled id: stop checks, streaming
   void finish(FinishReason reason);
   std::vector<int32_t> history() const;  // prompt + generated, for the repetition penalty

@@ -1,6 +1,7 @@
 // The serving engine (infer::BatchEngine): sequences that join a running batch at different times, each with
 // its own adapter (or none), produce exactly the tokens that the plain generation engine (infer::Session) gives
-// for them alone on a decoder carrying only that adapter; rows leave as they finish; the cache stays trimmed.
+// for them alone on a decoder carrying only that adapter; rows leave as they finish; the cache stays trimmed;
+// greedy steps are pipelined.
 #include <gtest/gtest.h>
 
 #include "core/error.h"
@@ -177,6 +178,35 @@ TEST(BatchEngine, AdaptersChangeTheOutput) {
     differ += alone(c) != ref;
   }
   EXPECT_GE(differ, 2);
+}
+
+// All-greedy rows pipeline their steps: the first step after a join records ahead and feeds nothing, the next feeds
+// the first step's tokens. A join takes the recorded step's tokens before the rows move, and with a sampled row in
+// the batch every step feeds its tokens at once.
+TEST(BatchEngine, GreedyStepsLagOneAndSampledRowsDoNot) {
+  models::Decoder served = decoder_with({});
+  infer::BatchEngine engine(served, 4);
+  infer::StopParams stop;
+  stop.max_tokens = 8;
+  infer::Sequence a({1, 2}, {}, stop), b({3}, {}, stop);
+  engine.join({&a, &b}, {"", ""});
+  EXPECT_EQ(a.generated().size(), 1u);  // the prefill's token
+  engine.step();
+  EXPECT_EQ(a.generated().size(), 1u);
+  engine.step();
+  EXPECT_EQ(a.generated().size(), 2u);
+  EXPECT_EQ(b.generated().size(), 2u);
+  infer::SamplingParams seeded;
+  seeded.temperature = 0.9f;
+  seeded.top_k = 20;
+  seeded.seed = 7;
+  infer::Sequence c({4}, seeded, stop);
+  engine.join({&c}, {""});
+  EXPECT_EQ(a.generated().size(), 3u);
+  engine.step();
+  EXPECT_EQ(a.generated().size(), 4u);
+  EXPECT_EQ(c.generated().size(), 2u);
+  EXPECT_EQ(engine.stats().decode_tokens, 2 + 2 + 3);  // a, b at the second step and at the join; then a, b, c
 }
 
 TEST(BatchEngine, RefusesUnknownAdaptersAndOverfullBatches) {
