@@ -6,6 +6,9 @@ requests (from their usage) divided by the wall time of the level. Only the stan
 
   scripts/serve_bench.py --url http://127.0.0.1:8080 --models base,alpha,beta,gamma --concurrency 1,8,32
 
+--max-tokens LO-HI draws each request's length from that range (seeded by --seed and the client), so that
+requests finish and join at different steps, as real traffic does.
+
 For a benchmark without trained adapters, random PEFT adapters (LoRA on q_proj and v_proj) can be written first:
 
   scripts/serve_bench.py --make-adapter MODEL_DIR OUT_DIR --rank 8 --seed 1
@@ -37,15 +40,18 @@ def one_request(url, model, prompt, max_tokens, api_key):
     return data["usage"]["completion_tokens"]
 
 
-def level(url, models, concurrency, requests_per_client, max_tokens, api_key):
+def level(url, models, concurrency, requests_per_client, max_tokens, api_key, seed):
     total = [0] * concurrency
     errors = []
+    lo, hi = max_tokens
 
     def client(i):
+        rng = random.Random(seed * 1000 + i)
         try:
             for r in range(requests_per_client):
                 model = models[(i + r) % len(models)]
-                total[i] += one_request(url, model, f"Request {i}.{r}: once upon a time", max_tokens, api_key)
+                n = rng.randint(lo, hi)
+                total[i] += one_request(url, model, f"Request {i}.{r}: once upon a time", n, api_key)
         except Exception as e:  # noqa: BLE001 - reported below
             errors.append(e)
 
@@ -97,7 +103,7 @@ def main():
     p.add_argument("--models", help="comma-separated model names, used round-robin")
     p.add_argument("--concurrency", default="1,8,32")
     p.add_argument("--requests", type=int, default=2, help="requests per client per level")
-    p.add_argument("--max-tokens", type=int, default=32)
+    p.add_argument("--max-tokens", default="32", help="tokens per request: N, or LO-HI drawn per request")
     p.add_argument("--api-key", default="")
     a = p.parse_args()
     if a.make_adapter:
@@ -106,9 +112,17 @@ def main():
     if not a.models:
         p.error("--models is required")
     models = a.models.split(",")
+    try:
+        bounds = [int(x) for x in a.max_tokens.split("-")]
+    except ValueError:
+        p.error(f"--max-tokens: expected N or LO-HI, got {a.max_tokens!r}")
+    if len(bounds) == 1:
+        bounds *= 2
+    if len(bounds) != 2 or not 1 <= bounds[0] <= bounds[1]:
+        p.error(f"--max-tokens: expected N or LO-HI with 1 <= LO <= HI, got {a.max_tokens!r}")
     one_request(a.url, models[0], "warm up", 4, a.api_key)
     for c in [int(x) for x in a.concurrency.split(",")]:
-        tokens, seconds = level(a.url, models, c, a.requests, a.max_tokens, a.api_key)
+        tokens, seconds = level(a.url, models, c, a.requests, bounds, a.api_key, a.seed)
         print(json.dumps({"concurrency": c, "models": models, "tokens": tokens, "seconds": round(seconds, 2),
                           "tokens_per_s": round(tokens / seconds, 1)}), flush=True)
 

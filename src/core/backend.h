@@ -28,6 +28,11 @@ class Buffer {
   virtual void* host_data() { return nullptr; }
 };
 
+// A byte range of one buffer copied to another (Backend::copy).
+struct CopyRegion {
+  size_t src_offset = 0, dst_offset = 0, bytes = 0;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -41,6 +46,9 @@ class Backend {
   // Every 4 bytes of the buffer set to `word` (little-endian; a buffer whose size is not a multiple of 4 ends with
   // the word's first bytes). Queued like a kernel, without a host copy of the contents (Tensor::full, zeros).
   virtual void fill(Buffer& dst, uint32_t word) = 0;
+  // Byte ranges of src copied into dst (src and dst distinct buffers, the destination ranges disjoint), queued
+  // like a kernel as one command: a cache's rows moved in one step, not one kernel per row (KvCache::regroup).
+  virtual void copy(Buffer& src, Buffer& dst, const std::vector<CopyRegion>& regions) = 0;
   // Waits until all queued work has finished.
   virtual void synchronize() = 0;
   // A device -> host copy of `bytes` of src started after the work queued so far, which is submitted; take_read()

@@ -23,6 +23,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
 #include <string>
 #include <tuple>
 #include <utility>
@@ -296,6 +297,39 @@ DeltaNetState KvCache::regrouped_state(const std::vector<RowRef>& rows, size_t l
   return out;
 }
 
+namespace {
+
+// Column ranges of cache rows ([rows, capacity, heads, head dim] tensors of one dtype) copied between caches as
+// byte ranges, one Backend::copy per pair of tensors: a copy kernel per row and layer took ~1,500 dispatches per
+// regroup of 32 rows of Qwen2.5-0.5B.
+class RowCopies {
+ public:
+  void add(const Tensor& src, int64_t src_row, int64_t src_col, const Tensor& dst, int64_t dst_row, int64_t dst_col,
+           int64_t cols) {
+    auto& regions = pairs_[{src.buffer().get(), dst.buffer().get()}];
+    if (regions.empty()) tensors_.push_back({src, dst});
+    regions.push_back({byte_at(src, src_row, src_col), byte_at(dst, dst_row, dst_col),
+                       size_t(cols * src.strides()[1]) * dtype_size(src.dtype())});
+  }
+  void run() {
+    for (const auto& [src, dst] : tensors_)
+      backend(dst.device()).copy(*src.buffer(), *dst.buffer(), pairs_.at({src.buffer().get(), dst.buffer().get()}));
+  }
+
+ private:
+  // Where (row, col) begins; a row's columns are contiguous (checked).
+  static size_t byte_at(const Tensor& t, int64_t row, int64_t col) {
+    const Strides& st = t.strides();
+    if (t.ndim() != 4 || st[3] != 1 || st[2] != t.dim(3) || st[1] != t.dim(2) * t.dim(3))
+      throw ShapeError("kv cache: rows of " + to_string(t.shape()) + " are not contiguous columns");
+    return size_t(t.offset() + row * st[0] + col * st[1]) * dtype_size(t.dtype());
+  }
+  std::map<std::pair<const Buffer*, const Buffer*>, std::vector<CopyRegion>> pairs_;
+  std::vector<std::pair<Tensor, Tensor>> tensors_;
+};
+
+}  // namespace
+
 void KvCache::regroup(const std::vector<RowRef>& rows) {
   // Each source row keeps its columns from its first real token on ("extent"); the new timeline is the longest
   // extent, and shorter rows are padded on the left.
@@ -346,18 +380,17 @@ void KvCache::regroup(const std::vector<RowRef>& rows) {
     dst.k = Tensor::zeros({n, capacity, dst.kv_heads, dst.head_dim}, dtype_, device_);
     dst.v = Tensor::zeros({n, capacity, dst.kv_heads, dst.head_dim}, dtype_, device_);
     dst.used = L;
+    RowCopies copies;
     for (int64_t i = 0; i < n; ++i) {
       const int64_t e = extent[size_t(i)];
       if (e == 0) continue;
       const KvCache& src = *rows[size_t(i)].cache;
       const Layer& s = src.layers_[li];
       const int64_t r = rows[size_t(i)].row;
-      auto cols = [](const Tensor& t, int64_t row, int64_t begin, int64_t end) {
-        return Slice(1, begin, end, 1).apply_to(Slice(0, row, row + 1, 1).apply_to(t));
-      };
-      copy_into(cols(dst.k, i, L - e, L), cols(s.k, r, src.length_ - e, src.length_));
-      copy_into(cols(dst.v, i, L - e, L), cols(s.v, r, src.length_ - e, src.length_));
+      copies.add(s.k, r, src.length_ - e, dst.k, i, L - e, e);
+      copies.add(s.v, r, src.length_ - e, dst.v, i, L - e, e);
     }
+    copies.run();
   }
   for (int64_t i = 0; i < n; ++i) {
     const KvCache& src = *rows[size_t(i)].cache;

@@ -1,6 +1,8 @@
 // The Vulkan runtime: device listing, the block allocator, batching and barriers in the recorder, profiling.
 #include <gtest/gtest.h>
 
+#include <cstring>
+
 #include "backend/vulkan/allocator.h"
 #include "backend/vulkan/context.h"
 #include "backend/vulkan/recorder.h"
@@ -159,6 +161,30 @@ TEST(VulkanRuntime, ReadLaterSeesItsPointInTheQueueAndWaitsForItOnly) {
   }
   EXPECT_THROW(be.take_read(ticket, got.data(), 4), DeviceError);  // taken once
   for (float f : x.to_floats()) ASSERT_EQ(f, 7.0f);
+}
+
+// Backend::copy's byte ranges (2-byte offsets and sizes too: bf16 rows) equal the CPU backend's, in order with the
+// kernels that write the source before and read the destination after; a range past the end is refused.
+TEST(VulkanRuntime, CopyRegionsEqualTheCpusInOrderWithKernels) {
+  REQUIRE_VULKAN();
+  const std::vector<CopyRegion> regions = {{12, 40, 68}, {400, 800, 132}, {2, 2002, 14}, {0, 2800, 308}};
+  std::vector<float> x(1031);
+  for (size_t i = 0; i < x.size(); ++i) x[i] = float(i) * 0.37f - 100.0f;
+  auto run = [&](Device d) {
+    const Tensor src = ops::scale(Tensor::from_floats(x, {1031}, DType::f32, d), 2.0f);  // queued before the copy
+    const Tensor dst = Tensor::full({777}, -1.0f, DType::f32, d);
+    backend(d).copy(*src.buffer(), *dst.buffer(), regions);
+    EXPECT_THROW(backend(d).copy(*src.buffer(), *dst.buffer(), {{0, 3000, 200}}), DeviceError);
+    std::vector<float> out = ops::scale(dst, 1.0f).to_floats();  // queued after it
+    std::vector<uint32_t> bits(out.size());
+    std::memcpy(bits.data(), out.data(), out.size() * 4);
+    return bits;
+  };
+  const std::vector<uint32_t> cpu = run(Device::cpu()), vulkan = run(gpu());
+  EXPECT_EQ(vulkan, cpu);
+  float first;
+  std::memcpy(&first, &cpu[10], 4);
+  EXPECT_EQ(first, 2.0f * x[3]);  // region 0: element 3 of the source at element 10
 }
 
 TEST(VulkanRuntime, ProfilingCountsKernels) {

@@ -84,6 +84,15 @@ class CpuBackend final : public Backend {
     for (size_t i = 0; i < whole; i += 4) std::memcpy(p + i, pattern, 4);
     for (size_t i = whole; i < n; ++i) p[i] = pattern[i - whole];
   }
+  void copy(Buffer& src, Buffer& dst, const std::vector<CopyRegion>& regions) override {
+    const auto* s = static_cast<const char*>(src.host_data());
+    auto* d = static_cast<char*>(dst.host_data());
+    for (const CopyRegion& r : regions) {
+      if (r.src_offset + r.bytes > src.bytes() || r.dst_offset + r.bytes > dst.bytes())
+        throw DeviceError("cpu: copy region past the end of a buffer");
+      std::memcpy(d + r.dst_offset, s + r.src_offset, r.bytes);
+    }
+  }
   void synchronize() override {}
   size_t bytes_in_use() const override { return usage_.in_use; }
   size_t peak_bytes() const override { return usage_.peak; }

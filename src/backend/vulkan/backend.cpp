@@ -79,6 +79,10 @@ class VulkanBackend final : public Backend {
     // A non-owning pointer: the fill is recorded before this returns and keeps no reference.
     ctx_->fill_buffer({std::shared_ptr<Buffer>(std::shared_ptr<Buffer>(), &dst), true}, word);
   }
+  void copy(Buffer& src, Buffer& dst, const std::vector<CopyRegion>& regions) override {
+    std::lock_guard lock(ctx_->mutex());
+    ctx_->recorder().copy(device_buffer(src), device_buffer(dst), regions);
+  }
   void synchronize() override { ctx_->synchronize(); }
   uint64_t read_later(Buffer& src, size_t offset, size_t bytes) override {
     std::lock_guard lock(ctx_->mutex());

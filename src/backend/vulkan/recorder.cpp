@@ -281,6 +281,23 @@ void Recorder::fill(const Binding& b, uint32_t value) {
   db->last_use = db->last_write = s.serial;
 }
 
+void Recorder::copy(DeviceBuffer& src, DeviceBuffer& dst, const std::vector<CopyRegion>& regions) {
+  std::vector<VkBufferCopy> copies;
+  const Allocation &sa = src.allocation(), &da = dst.allocation();
+  for (const CopyRegion& r : regions) {
+    if (r.bytes == 0) continue;
+    if (r.src_offset + r.bytes > src.bytes() || r.dst_offset + r.bytes > dst.bytes())
+      throw DeviceError(ctx_.name() + ": copy region past the end of a buffer");
+    copies.push_back({sa.offset + r.src_offset, da.offset + r.dst_offset, r.bytes});
+  }
+  if (copies.empty()) return;
+  Slot& s = begin();
+  track({{sa.buffer, sa.offset, src.bytes(), false}, {da.buffer, da.offset, dst.bytes(), true}});
+  vkCmdCopyBuffer(s.cb, sa.buffer, da.buffer, uint32_t(copies.size()), copies.data());
+  src.last_use = s.serial;
+  dst.last_use = dst.last_write = s.serial;
+}
+
 char* Recorder::staging(Slot& s, VkDeviceSize bytes, VkBuffer& buffer, VkDeviceSize& offset) {
   bytes = (bytes + 15) / 16 * 16;
   while (s.staging_index < s.staging.size() &&

@@ -45,6 +45,7 @@ class Recorder {
   void dispatch(const Pipeline& p, const std::vector<Binding>& bindings, const void* push, size_t push_bytes,
                 Groups groups, const std::string& kernel);
   void fill(const Binding& b, uint32_t value);
+  void copy(DeviceBuffer& src, DeviceBuffer& dst, const std::vector<CopyRegion>& regions);  // Backend::copy
   void write(DeviceBuffer& dst, size_t offset, const void* src, size_t bytes);
   void read(DeviceBuffer& src, size_t offset, void* dst, size_t bytes);
   // Backend::read_later / take_read: the copy into a host buffer of its own is recorded now and its batch
