@@ -54,7 +54,8 @@ Tensor BatchEngine::last_logits(const Tensor& ids, const Tensor& positions, cons
   return decoder_.logits(ops::reshape(ops::contiguous(ops::slice(hidden, 1, T - 1, T)), {B, C}));
 }
 
-void BatchEngine::regroup(std::vector<Row> keep, const std::vector<Row>& incoming, const models::KvCache* from) {
+std::vector<models::KvCache::RowRef> BatchEngine::regroup(std::vector<Row> keep, const std::vector<Row>& incoming,
+                                                          const models::KvCache* from) {
   struct Placed {
     Row row;
     models::KvCache::RowRef ref;
@@ -84,6 +85,21 @@ void BatchEngine::regroup(std::vector<Row> keep, const std::vector<Row>& incomin
     row_adapter_.push_back(r.adapter);
   }
   groups_ = groups_of(rows);
+  return refs;
+}
+
+void BatchEngine::move_next_ids(const std::vector<models::KvCache::RowRef>& refs, const Tensor& incoming_ids) {
+  Tensor ids = Tensor::empty({int64_t(refs.size())}, DType::i32, decoder_.device());
+  std::vector<CopyRegion> running, fresh;
+  const size_t to = size_t(ids.offset()) * 4;
+  for (size_t i = 0; i < refs.size(); ++i) {
+    const bool new_row = refs[i].cache != cache_.get();
+    const Tensor& src = new_row ? incoming_ids : next_ids_;
+    (new_row ? fresh : running).push_back({size_t(src.offset() + refs[i].row * src.strides()[0]) * 4, to + i * 4, 4});
+  }
+  if (!running.empty()) backend(ids.device()).copy(*next_ids_.buffer(), *ids.buffer(), running);
+  if (!fresh.empty()) backend(ids.device()).copy(*incoming_ids.buffer(), *ids.buffer(), fresh);
+  next_ids_ = refs.empty() ? Tensor() : ids;
 }
 
 void BatchEngine::join(const std::vector<Sequence*>& seqs, const std::vector<std::string>& adapters) {
@@ -120,26 +136,37 @@ void BatchEngine::join(const std::vector<Sequence*>& seqs, const std::vector<std
   models::KvCache fresh(decoder_.config(), B, decoder_.compute_dtype(), dev, cache_chunk_, /*bound_sliding=*/false);
   Tensor logits = last_logits(Tensor::from_ints(ids, {B, P}, dev), Tensor::from_ints(pos, {B, P}, dev),
                               padded ? Tensor::from_ints(mask, {B, P}, dev) : Tensor(), fresh, groups_of(incoming));
-  sample_rows(logits, batch);
-  // Sequences already done (one token asked for, or a stop id first) never enter the batch.
-  for (Row& r : incoming)
-    if (r.seq->finished()) r.seq = nullptr;
-  accept_pending();  // the newcomers' sampling above waited for that step already
   std::vector<Row> keep;
   for (size_t i = 0; i < rows_.size(); ++i) keep.push_back({rows_[i], row_adapter_[i]});
-  regroup(std::move(keep), incoming, &fresh);
+  // Greedy newcomers joining rows whose next ids are on the device (or no rows): their first tokens stay there too.
+  if (greedy_on_device(batch) && (rows_.empty() || next_ids_.defined())) {
+    const Tensor first = ops::argmax(logits, -1);
+    pending_.push_back({backend(dev).read_later(*first.buffer(), size_t(first.offset()) * 4, size_t(B) * 4), batch,
+                        false});
+    move_next_ids(regroup(std::move(keep), incoming, &fresh), first);
+  } else {
+    sample_rows(logits, batch);
+    // Sequences already done (one token asked for, or a stop id first) never enter the batch.
+    for (Row& r : incoming)
+      if (r.seq->finished()) r.seq = nullptr;
+    accept_pending();  // the newcomers' sampling above waited for those steps already
+    next_ids_ = Tensor();
+    regroup(std::move(keep), incoming, &fresh);
+  }
   stats_.prefill_seconds += seconds_since(t0);
 }
 
 void BatchEngine::accept_pending() {
-  if (!pending_.defined()) return;
-  std::vector<int32_t> chosen(size_t(pending_.numel()));
-  backend(pending_.device()).take_read(pending_read_, chosen.data(), chosen.size() * sizeof(int32_t));
-  pending_ = Tensor();
-  for (size_t b = 0; b < rows_.size(); ++b) {
-    if (rows_[b]->finished()) continue;
-    rows_[b]->accept(chosen[b]);
-    ++stats_.decode_tokens;
+  std::vector<PendingTokens> pending = std::move(pending_);
+  pending_.clear();
+  for (const PendingTokens& p : pending) {
+    std::vector<int32_t> chosen(p.rows.size());
+    backend(decoder_.device()).take_read(p.ticket, chosen.data(), chosen.size() * sizeof(int32_t));
+    for (size_t b = 0; b < p.rows.size(); ++b) {
+      if (!p.rows[b] || p.rows[b]->finished()) continue;
+      p.rows[b]->accept(chosen[b]);
+      stats_.decode_tokens += p.decode;
+    }
   }
 }
 
@@ -147,17 +174,18 @@ void BatchEngine::step_pipelined() {
   const Device dev = decoder_.device();
   auto t0 = Clock::now();
   const int64_t B = size();
+  const bool on_device = next_ids_.defined();
+  if (!on_device) accept_pending();  // the host's ids: every token fed first
   // Rows finished by the tokens still pending are computed once more (and ignored), as finished rows are.
   DecodeInputs in = decode_inputs(rows_);
-  const bool on_device = pending_.defined();
-  const Tensor ids = on_device ? ops::reshape(pending_, {B, 1}) : Tensor::from_ints(in.ids, {B, 1}, dev);
+  const Tensor ids = on_device ? ops::reshape(next_ids_, {B, 1}) : Tensor::from_ints(in.ids, {B, 1}, dev);
   Tensor next = ops::argmax(
       last_logits(ids, Tensor::from_ints(in.positions, {B, 1}, dev), Tensor(), *cache_, groups_, on_device), -1);
   const uint64_t read = backend(dev).read_later(*next.buffer(), size_t(next.offset()) * sizeof(int32_t),
                                                 size_t(B) * sizeof(int32_t));
   accept_pending();
-  pending_ = std::move(next);
-  pending_read_ = read;
+  pending_.push_back({read, rows_, true});
+  next_ids_ = std::move(next);
   stats_.decode_seconds += seconds_since(t0);
 }
 
@@ -166,6 +194,7 @@ void BatchEngine::step() {
   NoGrad no_grad;
   if (greedy_on_device(rows_)) return step_pipelined();
   accept_pending();
+  next_ids_ = Tensor();
   const Device dev = decoder_.device();
   auto t0 = Clock::now();
   const int64_t B = size();
@@ -185,19 +214,23 @@ void BatchEngine::remove(const std::vector<Sequence*>& seqs) {
     if (std::find(seqs.begin(), seqs.end(), rows_[i]) == seqs.end()) keep.push_back({rows_[i], row_adapter_[i]});
   if (keep.size() == rows_.size()) return;
   NoGrad no_grad;
-  accept_pending();  // before the rows move
-  regroup(std::move(keep), {}, nullptr);
+  for (PendingTokens& p : pending_)  // the sequences that leave may be gone before their tokens arrive
+    for (Sequence*& s : p.rows)
+      if (std::find(seqs.begin(), seqs.end(), s) != seqs.end()) s = nullptr;
+  const std::vector<models::KvCache::RowRef> refs = regroup(std::move(keep), {}, nullptr);
+  if (next_ids_.defined()) move_next_ids(refs, Tensor());
 }
 
 void BatchEngine::reset() {
-  if (pending_.defined()) {
-    try {  // the step in flight, if the device still answers
-      std::vector<int32_t> ignored(size_t(pending_.numel()));
-      backend(pending_.device()).take_read(pending_read_, ignored.data(), ignored.size() * sizeof(int32_t));
+  for (const PendingTokens& p : pending_) {
+    try {  // the steps in flight, if the device still answers
+      std::vector<int32_t> ignored(p.rows.size());
+      backend(decoder_.device()).take_read(p.ticket, ignored.data(), ignored.size() * sizeof(int32_t));
     } catch (const std::exception&) {
     }
-    pending_ = Tensor();
   }
+  pending_.clear();
+  next_ids_ = Tensor();
   rows_.clear();
   row_adapter_.clear();
   groups_ = {};

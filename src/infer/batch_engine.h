@@ -8,7 +8,9 @@
 //                running row is greedy (infer::greedy_on_device), steps are pipelined as Session's are: each
 //                call records the next step on the device's argmax of the one before, and only then reads that
 //                argmax and feeds the tokens, so the device does not wait for the host between steps. The
-//                sequences then lag one step; join and remove take the recorded step's tokens first.
+//                sequences then lag one step. Greedy newcomers' first tokens stay on the device too (fed with
+//                the next step's), and join and remove move the next step's ids on the device with the rows:
+//                joins and leaves do not stop the pipeline.
 //   remove(seqs) drops finished or cancelled sequences (another regroup).
 // Rows are kept sorted by adapter name so that each adapter's rows form one contiguous group: every Linear runs
 // its base product once over the whole batch and adds each group's (x Aᵀ) Bᵀ · scale to that group's rows
@@ -30,8 +32,9 @@ class BatchEngine {
   BatchEngine(const models::Decoder& decoder, int64_t max_batch, int64_t cache_chunk = 256);
 
   // Adds sequences (not finished; they must outlive their time in the batch) with their adapter names ("" = the
-  // base model alone). Prefills them and samples their first tokens; those that finish at once (max_tokens 1, a
-  // stop id) are not kept. Throws ConfigError when the batch would exceed max_batch or an adapter is unknown.
+  // base model alone). Prefills them and samples their first tokens: greedy ones on the device, fed at the next
+  // step; others at once, and those that finish at once (max_tokens 1, a stop id) are not kept. Throws
+  // ConfigError when the batch would exceed max_batch or an adapter is unknown.
   void join(const std::vector<Sequence*>& seqs, const std::vector<std::string>& adapters);
   // One decode step for every sequence in the batch (finished ones stay until removed; their row is wasted).
   // Pipelined (above), the first step after a join or remove feeds no tokens, and a sequence finishes one call
@@ -54,13 +57,18 @@ class BatchEngine {
     Sequence* seq;
     std::string adapter;
   };
-  // Places `incoming` (rows of `from`, or null for none) among the running rows, sorted by adapter.
-  void regroup(std::vector<Row> keep, const std::vector<Row>& incoming, const models::KvCache* from);
+  // Places `incoming` (rows of `from`, or null for none) among the running rows, sorted by adapter; returns where
+  // each new row comes from (the running cache or `from`, and its row there).
+  std::vector<models::KvCache::RowRef> regroup(std::vector<Row> keep, const std::vector<Row>& incoming,
+                                               const models::KvCache* from);
+  // next_ids_ for the new rows: each from the running rows' ids or the newcomers' `incoming_ids` (i32 [n]).
+  void move_next_ids(const std::vector<models::KvCache::RowRef>& refs, const Tensor& incoming_ids);
   models::RowAdapters groups_of(const std::vector<Row>& rows) const;
   Tensor last_logits(const Tensor& ids, const Tensor& positions, const Tensor& mask, models::KvCache& cache,
                      const models::RowAdapters& groups, bool ids_on_device = false) const;  // -> [B, V]
   void step_pipelined();
-  void accept_pending();  // reads the recorded step's argmax (waiting for that step only), feeds each running row
+  // Reads the recorded argmaxes (waiting for those steps only) and feeds each its rows' tokens.
+  void accept_pending();
 
   const models::Decoder& decoder_;
   int64_t max_batch_, cache_chunk_;
@@ -68,8 +76,15 @@ class BatchEngine {
   std::vector<Sequence*> rows_;
   std::vector<std::string> row_adapter_;
   models::RowAdapters groups_;
-  Tensor pending_;             // pipelined steps: i32 [B], the last recorded step's argmax, not yet read
-  uint64_t pending_read_ = 0;  // its copy to the host (Backend::read_later)
+  // A device argmax on its way to the host (Backend::read_later) whose tokens are not fed yet: a step's, or
+  // greedy newcomers' first ones. Rows that left since are null.
+  struct PendingTokens {
+    uint64_t ticket = 0;
+    std::vector<Sequence*> rows;
+    bool decode = true;  // counted as decode tokens
+  };
+  std::vector<PendingTokens> pending_;
+  Tensor next_ids_;  // i32 [B]: the next step's ids on the device, rows_ order (undefined: the host's)
   GenerationStats stats_;
 };
 

@@ -189,33 +189,42 @@ TEST(BatchEngine, AdaptersChangeTheOutput) {
   EXPECT_GE(differ, 2);
 }
 
-// All-greedy rows pipeline their steps: the first step after a join records ahead and feeds nothing, the next feeds
-// the first step's tokens. A join takes the recorded step's tokens before the rows move, and with a sampled row in
-// the batch every step feeds its tokens at once.
+// All-greedy rows pipeline their steps: greedy newcomers' first tokens stay on the device and are fed by the next
+// step, each step feeds the one before's tokens, and a leave keeps the pipeline (the sequence that left gets
+// nothing more). A sampled newcomer is sampled at once and takes the recorded tokens first; with it in the batch
+// every step feeds its tokens at once.
 TEST(BatchEngine, GreedyStepsLagOneAndSampledRowsDoNot) {
   models::Decoder served = decoder_with({});
   infer::BatchEngine engine(served, 4);
   infer::StopParams stop;
   stop.max_tokens = 8;
-  infer::Sequence a({1, 2}, {}, stop), b({3}, {}, stop);
+  infer::Sequence a({1, 2}, {}, stop), b({3}, {}, stop), c({5, 6}, {}, stop);
   engine.join({&a, &b}, {"", ""});
-  EXPECT_EQ(a.generated().size(), 1u);  // the prefill's token
+  EXPECT_EQ(a.generated().size(), 0u);
   engine.step();
-  EXPECT_EQ(a.generated().size(), 1u);
+  EXPECT_EQ(a.generated().size(), 1u);  // the prefill's token
   engine.step();
   EXPECT_EQ(a.generated().size(), 2u);
   EXPECT_EQ(b.generated().size(), 2u);
+  engine.remove({&b});  // while a step's tokens are on their way
+  engine.join({&c}, {""});
+  engine.step();
+  EXPECT_EQ(a.generated().size(), 3u);
+  EXPECT_EQ(b.generated().size(), 2u);
+  EXPECT_EQ(c.generated().size(), 1u);
   infer::SamplingParams seeded;
   seeded.temperature = 0.9f;
   seeded.top_k = 20;
   seeded.seed = 7;
-  infer::Sequence c({4}, seeded, stop);
-  engine.join({&c}, {""});
-  EXPECT_EQ(a.generated().size(), 3u);
-  engine.step();
+  infer::Sequence d({4}, seeded, stop);
+  engine.join({&d}, {""});
+  EXPECT_EQ(d.generated().size(), 1u);
   EXPECT_EQ(a.generated().size(), 4u);
-  EXPECT_EQ(c.generated().size(), 2u);
-  EXPECT_EQ(engine.stats().decode_tokens, 2 + 2 + 3);  // a, b at the second step and at the join; then a, b, c
+  engine.step();
+  EXPECT_EQ(a.generated().size(), 5u);
+  EXPECT_EQ(d.generated().size(), 2u);
+  // Decode tokens: a and b at the second step; a at the third; a and c at the join; a, c and d at the last.
+  EXPECT_EQ(engine.stats().decode_tokens, 2 + 1 + 2 + 3);
 }
 
 TEST(BatchEngine, RefusesUnknownAdaptersAndOverfullBatches) {
