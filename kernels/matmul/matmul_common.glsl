@@ -37,6 +37,7 @@ layout(push_constant) uniform MatmulParams {
 #define FLAG_C_VEC 4u  // C offset and N are multiples of 8 elements
 #define FLAG_C_ACC 8u  // fast kernel: C = C (* row scale) + A B, C read before it is written (no split-K)
 #define FLAG_ROW_SCALE 16u  // with FLAG_C_ACC: C's old row m is multiplied by scale[s_off + m] first
+#define FLAG_M_EDGE 32u  // fast kernel, A not transposed: M % BM != 0; rows past M read row M - 1, are not written
 
 #endif  // MATMUL_NO_PARAMS
 

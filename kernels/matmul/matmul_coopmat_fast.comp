@@ -13,6 +13,8 @@
 // [M, N] pass of its own.
 // The epilogue writes f32 fragments straight to C; f16 / bf16 C goes through shared memory (reusing A's tile), as
 // does any C with FLAG_C_ACC (C = C * scale[m] + A B: the fused loss's running sum, core/ops/matmul.h).
+// FLAG_M_EDGE (A and U not transposed; decode steps of any row count): the last row tile reads row M - 1 in place
+// of the rows past M, whose sums are then not written.
 #extension GL_KHR_memory_scope_semantics : enable
 #extension GL_NV_cooperative_matrix : require
 #extension GL_EXT_shader_explicit_arithmetic_types_float16 : require
@@ -120,6 +122,10 @@ VEC8_FN(vec8_b, b128)
 
 #include "matmul/matmul_coopmat_chunks.glsl"
 
+// A's (and U's) row m as read: past M (FLAG_M_EDGE), row M - 1, whose sums land in rows that are not written.
+uint a_row(uint m) { return (pc.flags & FLAG_M_EDGE) != 0u ? min(m, pc.M - 1u) : m; }
+bool row_written(uint m) { return (pc.flags & FLAG_M_EDGE) == 0u || m < pc.M; }
+
 void global_load(uint k0, uint tid) {
   uint ak = k0 * pc.a_cs, bk = k0 * pc.b_rs;
   [[unroll]] for (uint i = 0; i < A_LD; ++i)
@@ -137,7 +143,7 @@ void lowrank_load(uint r0, uint tid, uint m0, uint n0) {
 #if TA
     uint e = pc.u_off + (r0 + k) * pc.u_cs + m0 + m;
 #else
-    uint e = pc.u_off + (m0 + m) * pc.u_rs + r0 + k;
+    uint e = pc.u_off + a_row(m0 + m) * pc.u_rs + r0 + k;
 #endif
     ra[i] = uvec4(0);
     if (r0 + k < pc.R) {
@@ -229,7 +235,11 @@ void main() {
   [[unroll]] for (uint i = 0; i < A_LD; ++i) {
     uint m, k;
     a_chunk(tid + i * NT, m, k);
+#if TA
     a_e[i] = a_base + (m0 + m) * pc.a_rs + k * pc.a_cs;
+#else
+    a_e[i] = a_base + a_row(m0 + m) * pc.a_rs + k * pc.a_cs;
+#endif
   }
   [[unroll]] for (uint i = 0; i < B_LD; ++i) {
     uint k, n;
@@ -267,11 +277,11 @@ void main() {
     barrier();
   }
 
-  const bool acc_c = (pc.flags & FLAG_C_ACC) != 0u;
+  const bool acc_c = (pc.flags & FLAG_C_ACC) != 0u, m_edge = (pc.flags & FLAG_M_EDGE) != 0u;
   [[unroll]] for (uint i = 0; i < FM; ++i)
     [[unroll]] for (uint j = 0; j < FN; ++j) {
       uint row = m0 + wm * WM + i * 16, col = n0 + wn * WN + j * 16;
-      if (CDT == DT_F32 && !acc_c) {
+      if (CDT == DT_F32 && !acc_c && !m_edge) {
         coopMatStoreNV(acc[i][j], c32, c_base + row * pc.N + col, pc.N, false);
         continue;
       }
@@ -292,7 +302,8 @@ void main() {
       hi = vec4(Cs[sg * 256u + s + 4u], Cs[sg * 256u + s + 5u], Cs[sg * 256u + s + 6u], Cs[sg * 256u + s + 7u]);
 #endif
       uint e = c_base + r * pc.N + c;
-      if (acc_c) {  // the old row, scaled
+      const bool written = row_written(r);
+      if (acc_c && written) {  // the old row, scaled
         float sc = (pc.flags & FLAG_ROW_SCALE) != 0u ? rscale[pc.s_off + r] : 1.0;
         vec4 olo, ohi;
         if (CDT == DT_F32) {
@@ -313,8 +324,10 @@ void main() {
       }
       uvec4 h;
       if (CDT == DT_F32) {
-        c4[e >> 2] = lo;
-        c4[(e >> 2) + 1u] = hi;
+        if (written) {
+          c4[e >> 2] = lo;
+          c4[(e >> 2) + 1u] = hi;
+        }
         subgroupBarrier();
         continue;
       } else if (CDT == DT_F16) {
@@ -325,7 +338,7 @@ void main() {
                   float_to_bf16_bits(hi.x) | (float_to_bf16_bits(hi.y) << 16),
                   float_to_bf16_bits(hi.z) | (float_to_bf16_bits(hi.w) << 16));
       }
-      ch128[e >> 3] = h;
+      if (written) ch128[e >> 3] = h;
       subgroupBarrier();
     }
 }

@@ -290,6 +290,45 @@ TEST_F(VulkanMatmul, CoopmatSkinnyAndShortK) {
   }
 }
 
+// Row counts that are not a multiple of the tile (decode steps of any batch, prompts of any length): with A not
+// transposed the fast kernel takes them (rows past M read row M - 1 and are not written), in every tile, batched
+// (rows past M would land in the next matrix), with a low-rank addend and as a running sum (C = C * s + A B).
+TEST_F(VulkanMatmul, CoopmatFastTakesRowEdges) {
+  if (!vk::coopmat_available(dev_.index)) GTEST_SKIP() << "device has no cooperative matrices";
+  choice().matmul = vk::MatmulKernel::coopmat;
+  for (char tile : {'l', 'm', 's', 'w', 'q'}) {
+    choice().matmul_tile = tile;
+    for (DType t : {DType::bf16, DType::f16, DType::f32})
+      for (int64_t M : {5, 29, 45, 131})
+        for (bool tb : {false, true}) {
+          const Case c{M, 256, 96, t, {}, {{}, tb, 0}};
+          run(c, std::string("row edge, tile ") + tile);
+          EXPECT_NE(last_.find(" fast"), std::string::npos) << describe(c) << " tile " << tile << ": " << last_;
+        }
+    run({29, 256, 64, DType::bf16, {{3}, false, 0}, {{}, true, 0}}, std::string("row edge, batched, tile ") + tile);
+    EXPECT_NE(last_.find(" fast"), std::string::npos) << "batched, tile " << tile << ": " << last_;
+  }
+  choice() = saved_;
+  const Device cpu = Device::cpu();
+  for (int64_t M : {3, 29, 77}) {
+    SCOPED_TRACE("M " + std::to_string(M));
+    const Tensor a = Tensor::randn({M, 128}, 11, 1.0f, DType::bf16, cpu), w = Tensor::randn({256, 128}, 12, 0.1f,
+                                                                                             DType::bf16, cpu);
+    const Tensor u = Tensor::randn({M, 16}, 13, 1.0f, DType::f16, cpu), v = Tensor::randn({16, 256}, 14, 0.1f,
+                                                                                          DType::f16, cpu);
+    const Tensor want = ops::matmul_low_rank(a, ops::transpose(w), u, v, 0.5f, DType::f32);
+    const Tensor got = ops::matmul_low_rank(a.to(dev_), ops::transpose(w.to(dev_)), u.to(dev_), v.to(dev_), 0.5f,
+                                            DType::f32);
+    std::vector<double> ref = want.to_doubles();
+    EXPECT_LT(nmse(got.to_doubles(), ref), 1e-5);
+    const Tensor scale = Tensor::randn({M}, 15, 1.0f, DType::f32, cpu);
+    const Tensor c_cpu = Tensor::randn({M, 256}, 16, 1.0f, DType::f32, cpu), c_dev = c_cpu.to(dev_);
+    ops::matmul_accumulate(c_cpu, a, ops::transpose(w), scale);
+    ops::matmul_accumulate(c_dev, a.to(dev_), ops::transpose(w.to(dev_)), scale.to(dev_));
+    EXPECT_LT(nmse(c_dev.to_doubles(), c_cpu.to_doubles()), 1e-5);
+  }
+}
+
 // Which operand layouts take the coopmat kernels' 16-byte staging. A regression here costs no accuracy (the
 // element-wise staging gives the same result), only speed: B's conditions were once swapped, so every B went
 // element-wise and the fast kernel never ran.

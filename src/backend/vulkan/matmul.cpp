@@ -38,7 +38,7 @@ struct MatmulParams {
   uint32_t s_off;
 };
 static_assert(sizeof(MatmulParams) == 28 * 4);
-constexpr uint32_t kFlagAVec = 1, kFlagBVec = 2, kFlagCVec = 4, kFlagCAcc = 8, kFlagRowScale = 16;
+constexpr uint32_t kFlagAVec = 1, kFlagBVec = 2, kFlagCVec = 4, kFlagCAcc = 8, kFlagRowScale = 16, kFlagMEdge = 32;
 
 struct SplitKParams {
   uint32_t count, nsplit, out_off, out_dtype, groups_x;
@@ -150,6 +150,7 @@ void record_tiled(Context& ctx, const MatmulPlan& plan, const Tensor& a, const T
       if (vector_staging(a.dtype(), plan.ta, q.a_rs, q.a_cs, q.a_off, d0.sa, d1.sa)) q.flags |= kFlagAVec;
       if (vector_staging(b.dtype(), plan.tb, q.b_rs, q.b_cs, q.b_off, d0.sb, d1.sb)) q.flags |= kFlagBVec;
       if (q.c_off % 8 == 0 && N % 8 == 0) q.flags |= kFlagCVec;
+      if (plan.route == MatmulRoute::coopmat_fast && M % plan.bm != 0) q.flags |= kFlagMEdge;
       if (acc) {
         q.flags |= kFlagCAcc | (acc->row_scale ? kFlagRowScale : 0u);
         q.s_off = acc->row_scale ? uint32_t(acc->row_scale->offset()) : 0u;

@@ -82,6 +82,7 @@ uint32_t fast_k_step(char tile, uint64_t K) {
 struct TileProblem {
   uint64_t M, N, K, batch;
   bool coopmat, cpu_device, allow_split, fast_only;
+  bool m_edge;  // the fast kernel takes a last row tile past M (A not transposed)
 };
 
 // The general coopmat kernel ran at 0.5-0.95 of the fast one's speed on the H100's training shapes.
@@ -98,7 +99,7 @@ double tile_cost(const TileProblem& pr, const KernelChoice& kc, char tile, int t
   const uint64_t slots = pr.cpu_device ? 2 : 132;
   MatmulPlan q;
   pr.coopmat ? set_coopmat_tile(q, tile) : set_scalar_tile(q, tile);
-  const bool interior = pr.M % q.bm == 0 && pr.N % q.bn == 0;
+  const bool interior = (pr.M % q.bm == 0 || pr.m_edge) && pr.N % q.bn == 0;
   if (t >= 3 && !(interior && pr.K % 32 == 0)) return -1.0;
   if ((tile == 'n' && pr.N > 64) || (tile == 'q' && pr.M > 64)) return -1.0;
   const uint64_t groups = div_up(pr.M, q.bm) * div_up(pr.N, q.bn) * pr.batch;
@@ -293,7 +294,7 @@ std::optional<MatmulPlan> plan_matmul(Context& ctx, const Tensor& a, const Tenso
   const bool fast_only = cm && p.outer.empty() && uint64_t(p.d0.size) * uint64_t(p.d1.size) * 32 <= kMaxGroupsZ &&
                          a_vec && b_vec && c_vec;
   const TileProblem pr{p.M, p.N, p.K, nbatch, cm, ctx.properties().deviceType == VK_PHYSICAL_DEVICE_TYPE_CPU,
-                       p.outer.empty() && nbatch * 16 <= kMaxGroupsZ && !lr && !acc, fast_only};
+                       p.outer.empty() && nbatch * 16 <= kMaxGroupsZ && !lr && !acc, fast_only, !p.ta && p.M > 0};
   choose_tile_and_split(p, pr, kc);
   if (uint64_t(p.d1.size) * p.nsplit > kMaxGroupsZ)
     throw ShapeError("matmul: batch dim of " + std::to_string(p.d1.size) + " is too large for one dispatch");
@@ -306,7 +307,7 @@ std::optional<MatmulPlan> plan_matmul(Context& ctx, const Tensor& a, const Tenso
     return p;
   }
   const uint32_t kstep = fast_k_step(p.tile, p.K);
-  const bool fast = p.M % p.bm == 0 && p.N % p.bn == 0 && kstep && a_vec && b_vec && c_vec;
+  const bool fast = (p.M % p.bm == 0 || pr.m_edge) && p.N % p.bn == 0 && kstep && a_vec && b_vec && c_vec;
   // The low-rank addend in the fast kernel (more K tiles through its staging): 16-bit U and V laid out as A and
   // B with vector access, R a multiple of 8.
   if (lr) {
