@@ -13,6 +13,12 @@ namespace lmtune::infer {
 namespace {
 using Clock = std::chrono::steady_clock;
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+// The ids a read_later ticket copied to the host (waiting for its step only).
+std::vector<int32_t> take_ids(Device device, uint64_t ticket, size_t n) {
+  std::vector<int32_t> ids(n);
+  backend(device).take_read(ticket, ids.data(), n * sizeof(int32_t));
+  return ids;
+}
 }  // namespace
 
 BatchEngine::BatchEngine(const models::Decoder& decoder, int64_t max_batch, int64_t cache_chunk)
@@ -160,8 +166,7 @@ void BatchEngine::accept_pending() {
   std::vector<PendingTokens> pending = std::move(pending_);
   pending_.clear();
   for (const PendingTokens& p : pending) {
-    std::vector<int32_t> chosen(p.rows.size());
-    backend(decoder_.device()).take_read(p.ticket, chosen.data(), chosen.size() * sizeof(int32_t));
+    const std::vector<int32_t> chosen = take_ids(decoder_.device(), p.ticket, p.rows.size());
     for (size_t b = 0; b < p.rows.size(); ++b) {
       if (!p.rows[b] || p.rows[b]->finished()) continue;
       p.rows[b]->accept(chosen[b]);
@@ -224,8 +229,7 @@ void BatchEngine::remove(const std::vector<Sequence*>& seqs) {
 void BatchEngine::reset() {
   for (const PendingTokens& p : pending_) {
     try {  // the steps in flight, if the device still answers
-      std::vector<int32_t> ignored(p.rows.size());
-      backend(decoder_.device()).take_read(p.ticket, ignored.data(), ignored.size() * sizeof(int32_t));
+      take_ids(decoder_.device(), p.ticket, p.rows.size());
     } catch (const std::exception&) {
     }
   }

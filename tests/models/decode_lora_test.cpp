@@ -341,6 +341,19 @@ TEST(Lora, GradientsReachAdaptersOnlyAndMatchFiniteDifferences) {
   }
 }
 
+// Every trainable tensor's gradient of the loss, concatenated (each zeroed first).
+std::vector<float> trainable_grads(Decoder& model, const Tensor& ids, const Tensor& targets,
+                                   const ForwardOptions& opt) {
+  for (Tensor& p : model.weights().trainable()) p.zero_grad();
+  backward(loss(model, ids, targets, Tensor(), Tensor(), opt));
+  std::vector<float> all;
+  for (Tensor& p : model.weights().trainable()) {
+    std::vector<float> g = p.grad().to_floats();
+    all.insert(all.end(), g.begin(), g.end());
+  }
+  return all;
+}
+
 // train.checkpoint_layers auto leaves the last layers unchecked: every split gives the gradients of the others.
 TEST(Lora, PartlyCheckpointedLayersGiveTheSameGradients) {
   Decoder model = load_decoder(fixture_dir("gemma2"), DType::f32, DType::f32, Device::cpu());
@@ -357,14 +370,7 @@ TEST(Lora, PartlyCheckpointedLayersGiveTheSameGradients) {
     ForwardOptions opt;
     opt.checkpoint_layers = checkpoint;
     opt.unchecked_layers = unchecked;
-    for (Tensor& p : model.weights().trainable()) p.zero_grad();
-    backward(loss(model, ids, targets, Tensor(), Tensor(), opt));
-    std::vector<float> all;
-    for (Tensor& p : model.weights().trainable()) {
-      std::vector<float> g = p.grad().to_floats();
-      all.insert(all.end(), g.begin(), g.end());
-    }
-    return all;
+    return trainable_grads(model, ids, targets, opt);
   };
   const std::vector<float> want = grads(false, 0);
   EXPECT_LT(rel_err(grads(true, 0), want), 1e-6);
@@ -390,14 +396,7 @@ TEST(Lora, RecomputedLayersDropTheirUnreadProductsAndKeepTheGradients) {
     auto grads = [&](bool checkpoint) {
       ForwardOptions opt;
       opt.checkpoint_layers = checkpoint;
-      for (Tensor& p : model.weights().trainable()) p.zero_grad();
-      backward(loss(model, ids, targets, Tensor(), Tensor(), opt));
-      std::vector<float> all;
-      for (Tensor& p : model.weights().trainable()) {
-        std::vector<float> g = p.grad().to_floats();
-        all.insert(all.end(), g.begin(), g.end());
-      }
-      return all;
+      return trainable_grads(model, ids, targets, opt);
     };
     const std::vector<float> want = grads(false);
     const uint64_t before = recomputed_ops_dropped();
